@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+from django.db import models
+
+
+class Endpoint(models.TextChoices):
+    CHAT = "/v1/chat/completions"
+    COMPLETIONS = "/v1/completions"
+
+
+class BatchStatus(models.TextChoices):
+    VALIDATING = "validating"
+    FAILED = "failed"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+
+ACTIVE_STATUSES = (
+    BatchStatus.VALIDATING,
+    BatchStatus.IN_PROGRESS,
+    BatchStatus.FINALIZING,
+    BatchStatus.CANCELLING,
+)
+TERMINAL_STATUSES = (BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.CANCELLED)
+
+
+class Batch(models.Model):
+    id = models.CharField(primary_key=True, max_length=64)
+    endpoint = models.CharField(max_length=32, choices=Endpoint.choices)
+    model = models.CharField(max_length=255)
+    # Plain references (no database constraint) so the ids stay visible on the batch
+    # after a file is deleted.
+    input_file = models.ForeignKey("files.File", on_delete=models.DO_NOTHING,
+                                   db_constraint=False, related_name="+")
+    output_file = models.ForeignKey("files.File", on_delete=models.DO_NOTHING,
+                                    db_constraint=False, null=True, blank=True,
+                                    related_name="+")
+    error_file = models.ForeignKey("files.File", on_delete=models.DO_NOTHING,
+                                   db_constraint=False, null=True, blank=True,
+                                   related_name="+")
+    completion_window = models.CharField(max_length=8, default="24h")
+    status = models.CharField(max_length=16, choices=BatchStatus.choices,
+                              default=BatchStatus.VALIDATING, db_index=True)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    validation_started_at = models.DateTimeField(null=True, blank=True)
+    in_progress_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField()
+    finalizing_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    failed_at = models.DateTimeField(null=True, blank=True)
+    cancelling_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+
+    total = models.IntegerField(default=0)
+    completed = models.IntegerField(default=0)
+    failed = models.IntegerField(default=0)
+    # Intake capacity this batch still holds: reserved at enqueue, returned as its
+    # requests finish, fail or are skipped (see batches.intake).
+    intake_reserved = models.IntegerField(default=0)
+
+    error = models.JSONField(null=True, blank=True)  # {"code", "message"}
+    errors = models.JSONField(null=True, blank=True)  # [{"code","message","line","param"}]
+    metadata = models.JSONField(null=True, blank=True)
+
+    max_decoding_length = models.IntegerField(null=True, blank=True)
+    max_context_length = models.IntegerField(null=True, blank=True)
+    temperature = models.FloatField(null=True, blank=True)
+    top_p = models.FloatField(null=True, blank=True)
+    top_k = models.IntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name_plural = "batches"
+        indexes = [models.Index(fields=["input_file", "status"])]
+
+    def __str__(self) -> str:
+        return self.id
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in ACTIVE_STATUSES
+
+
+class ChunkStatus(models.TextChoices):
+    QUEUED = "queued"  # published to the inference queue, waiting for a slot
+    RUNNING = "running"  # claimed by a worker that holds its lease
+    DONE = "done"
+    SKIPPED = "skipped"  # its batch was cancelled, failed or expired first
+
+
+class Chunk(models.Model):
+    """A contiguous run of input lines, [start_offset, end_offset) in bytes: the unit
+    the IntakePool queues and a worker claims. The message carries only its id."""
+
+    batch = models.ForeignKey(Batch, on_delete=models.CASCADE, related_name="chunks")
+    index = models.IntegerField()
+    start_offset = models.BigIntegerField()
+    end_offset = models.BigIntegerField()
+    first_line = models.IntegerField()  # 1-based line number of the first line
+    count = models.IntegerField()
+    status = models.CharField(max_length=8, choices=ChunkStatus.choices,
+                              default=ChunkStatus.QUEUED)
+    attempts = models.IntegerField(default=0)
+    worker = models.CharField(max_length=255, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # Results written and accounted so far (also while running).
+    completed = models.IntegerField(default=0)
+    failed = models.IntegerField(default=0)
+    published_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["batch", "index"], name="chunk_unique_index"),
+        ]
+        indexes = [
+            models.Index(fields=["status", "lease_expires_at"]),
+            models.Index(fields=["batch", "status"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.batch_id}#{self.index}"
+
+
+class IntakePool(models.Model):
+    """One row: the requests admitted to the IntakePool and not yet finished.
+    Reservations lock this row, so capacity checks are atomic across processes."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    reserved = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"intake pool ({self.reserved} reserved)"

@@ -1,0 +1,76 @@
+"""Recovery: everything a crash can leave half-way, put right. Idempotent; run
+periodically by the control worker and by `manage.py recover`."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db.models import Exists, OuterRef
+from django.utils import timezone
+
+from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
+from batches.services import OPEN_CHUNKS, batch_finalize, publish_chunks
+from files import storage
+from files.incremental import repair_tail
+from inference.services import chunks_requeue_expired
+
+logger = logging.getLogger("batchgen.batches")
+
+# A validation that has not finished after this long is assumed lost with its
+# worker and is run again (validation is idempotent: only one run can enqueue).
+VALIDATION_TIMEOUT = timedelta(minutes=10)
+
+
+@dataclass
+class RecoveryReport:
+    chunks_requeued: int = 0
+    validations_restarted: int = 0
+    batches_finalized: int = 0
+    torn_lines_repaired: int = 0
+
+    def __str__(self) -> str:
+        return (f"{self.chunks_requeued} chunk(s) requeued, {self.validations_restarted} "
+                f"validation(s) restarted, {self.batches_finalized} batch(es) finalized, "
+                f"{self.torn_lines_repaired} torn line(s) repaired")
+
+
+def recover() -> RecoveryReport:
+    report = RecoveryReport()
+    refs = chunks_requeue_expired()
+    if refs:
+        publish_chunks(refs)
+    report.chunks_requeued = len(refs)
+
+    from batches.tasks import validate_batch
+
+    stuck = Batch.objects.filter(
+        status=BatchStatus.VALIDATING,
+        validation_started_at__lt=timezone.now() - VALIDATION_TIMEOUT,
+    ).values_list("id", flat=True)
+    for batch_id in stuck:
+        Batch.objects.filter(id=batch_id).update(validation_started_at=None)
+        validate_batch.delay(batch_id)
+        report.validations_restarted += 1
+
+    open_chunks = Chunk.objects.filter(batch=OuterRef("pk"), status__in=OPEN_CHUNKS)
+    unsettled = (
+        Batch.objects.filter(status__in=[BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING,
+                                         BatchStatus.CANCELLING])
+        | Batch.objects.filter(status=BatchStatus.FAILED, in_progress_at__isnull=False,
+                               output_file__isnull=True)
+    ).exclude(Exists(open_chunks)).values_list("id", flat=True)
+    for batch_id in unsettled:
+        batch_finalize(batch_id=batch_id)
+        report.batches_finalized += 1
+
+    active = Batch.objects.filter(status__in=[BatchStatus.IN_PROGRESS,
+                                              BatchStatus.CANCELLING]).values_list("id", flat=True)
+    for batch_id in active:
+        if not Chunk.objects.filter(batch_id=batch_id, status=ChunkStatus.RUNNING).exists():
+            if repair_tail(storage.absolute(storage.incremental_name(batch_id))):
+                report.torn_lines_repaired += 1
+    if report.chunks_requeued or report.validations_restarted or report.batches_finalized:
+        logger.info("recovery: %s", report)
+    return report

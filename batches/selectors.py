@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.db.models import QuerySet, Sum
+
+from batches.intake import intake_reserved
+from batches.models import ACTIVE_STATUSES, Batch
+from inference.selectors import live_workers
+
+
+def batch_list(*, after: str | None) -> QuerySet[Batch]:
+    batches = Batch.objects.order_by("-id")
+    if after:
+        batches = batches.filter(id__lt=after)
+    return batches
+
+
+def file_in_active_use(*, file_id: str) -> bool:
+    return Batch.objects.filter(status__in=ACTIVE_STATUSES, input_file_id=file_id).exists() or \
+        Batch.objects.filter(status__in=ACTIVE_STATUSES, output_file_id=file_id).exists()
+
+
+def pool_status() -> dict:
+    """The IntakePool and SchedulingPool figures of /v1/pool/status.
+
+    intake_pool_size counts requests admitted and not yet inside an engine: the
+    reservation (admitted, not finished) less what the live workers run now."""
+    slots = live_workers().aggregate(active=Sum("slots_active"), capacity=Sum("slots_capacity"))
+    active = slots["active"] or 0
+    capacity = slots["capacity"] or 0
+    return {
+        "intake_pool_size": max(intake_reserved() - active, 0),
+        "intake_pool_capacity": settings.BATCHGEN_MAX_INTAKE_CAPACITY,
+        "scheduling_pool_active": active,
+        "scheduling_pool_free": max(capacity - active, 0),
+        "scheduling_pool_capacity": capacity,
+        "active_batches": Batch.objects.filter(status__in=ACTIVE_STATUSES).count(),
+        "pool_mode": True,
+    }

@@ -1,0 +1,133 @@
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from batches.models import Batch, Endpoint
+from batchgen_site.pagination import list_envelope_serializer
+from files.serializers import UnixTimestampField
+from inference.model_info import served_model
+
+METADATA_MAX_KEYS = 16
+METADATA_MAX_KEY_LENGTH = 64
+METADATA_MAX_VALUE_LENGTH = 512
+
+
+class BatchCreateInputSerializer(serializers.Serializer):
+    input_file_id = serializers.CharField(max_length=64)
+    endpoint = serializers.ChoiceField(choices=Endpoint.values, default=Endpoint.CHAT.value)
+    completion_window = serializers.ChoiceField(choices=["24h"], default="24h")
+    metadata = serializers.DictField(
+        child=serializers.CharField(max_length=METADATA_MAX_VALUE_LENGTH, allow_blank=True),
+        required=False, allow_null=True,
+    )
+    max_decoding_length = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    max_context_length = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    temperature = serializers.FloatField(min_value=0, required=False, allow_null=True)
+    top_p = serializers.FloatField(required=False, allow_null=True)
+    top_k = serializers.IntegerField(min_value=0, required=False, allow_null=True)
+
+    def validate_metadata(self, value):
+        if value is None:
+            return value
+        if len(value) > METADATA_MAX_KEYS:
+            raise serializers.ValidationError(
+                f"metadata holds at most {METADATA_MAX_KEYS} keys.")
+        for key in value:
+            if len(key) > METADATA_MAX_KEY_LENGTH:
+                raise serializers.ValidationError(
+                    f"metadata keys are at most {METADATA_MAX_KEY_LENGTH} characters.")
+        return value
+
+    def validate_top_p(self, value):
+        if value is not None and not 0 < value <= 1:
+            raise serializers.ValidationError("top_p must be in (0, 1].")
+        return value
+
+    def validate_max_context_length(self, value):
+        limit = served_model().max_context_length
+        if value is not None and limit and value > limit:
+            raise serializers.ValidationError(
+                f"max_context_length {value} exceeds the model's context of {limit} tokens.")
+        return value
+
+
+class BatchListInputSerializer(serializers.Serializer):
+    limit = serializers.IntegerField(min_value=1, max_value=100, default=20)
+    after = serializers.CharField(required=False, max_length=64)
+
+
+class RequestCountsSerializer(serializers.Serializer):
+    total = serializers.IntegerField()
+    completed = serializers.IntegerField()
+    failed = serializers.IntegerField()
+
+
+class BatchErrorSerializer(serializers.Serializer):
+    code = serializers.CharField()
+    message = serializers.CharField()
+    line = serializers.IntegerField(allow_null=True, required=False)
+    param = serializers.CharField(allow_null=True, required=False)
+
+
+class BatchErrorsSerializer(serializers.Serializer):
+    object = serializers.CharField(default="list")
+    data = BatchErrorSerializer(many=True)
+
+
+class BatchOutputSerializer(serializers.ModelSerializer):
+    object = serializers.SerializerMethodField()
+    input_file_id = serializers.CharField()
+    output_file_id = serializers.CharField(allow_null=True)
+    error_file_id = serializers.CharField(allow_null=True)
+    created_at = UnixTimestampField()
+    in_progress_at = UnixTimestampField(allow_null=True)
+    started_at = UnixTimestampField(source="in_progress_at", allow_null=True)
+    expires_at = UnixTimestampField(allow_null=True)
+    finalizing_at = UnixTimestampField(allow_null=True)
+    completed_at = UnixTimestampField(allow_null=True)
+    failed_at = UnixTimestampField(allow_null=True)
+    expired_at = serializers.SerializerMethodField()
+    cancelling_at = UnixTimestampField(allow_null=True)
+    cancelled_at = UnixTimestampField(allow_null=True)
+    request_counts = serializers.SerializerMethodField()
+    error = BatchErrorSerializer(allow_null=True)
+    errors = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Batch
+        fields = [
+            "id", "object", "endpoint", "model", "input_file_id", "output_file_id",
+            "error_file_id", "completion_window", "status", "created_at", "in_progress_at",
+            "started_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
+            "expired_at", "cancelling_at", "cancelled_at", "request_counts", "error", "errors",
+            "metadata", "max_decoding_length", "max_context_length", "temperature", "top_p",
+            "top_k",
+        ]
+
+    def get_object(self, obj) -> str:
+        return "batch"
+
+    def get_expired_at(self, obj) -> int | None:
+        # This server fails expired batches (status `failed`, code batch_failed).
+        return None
+
+    def get_request_counts(self, obj) -> RequestCountsSerializer:
+        return {"total": obj.total, "completed": obj.completed, "failed": obj.failed}
+
+    def get_errors(self, obj) -> BatchErrorsSerializer(allow_null=True):
+        if not obj.errors:
+            return None
+        return {"object": "list", "data": obj.errors}
+
+
+BatchListSerializer = list_envelope_serializer("BatchList", BatchOutputSerializer)
+
+
+class PoolStatusSerializer(serializers.Serializer):
+    intake_pool_size = serializers.IntegerField()
+    intake_pool_capacity = serializers.IntegerField()
+    scheduling_pool_active = serializers.IntegerField()
+    scheduling_pool_free = serializers.IntegerField()
+    scheduling_pool_capacity = serializers.IntegerField()
+    active_batches = serializers.IntegerField()
+    pool_mode = serializers.BooleanField()

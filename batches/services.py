@@ -1,0 +1,302 @@
+"""Batch services: create, validate and enqueue, transitions, cancel, finalize,
+expire. Every status change goes through `batch_transition`."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from batches import intake
+from batches.models import (
+    ACTIVE_STATUSES,
+    Batch,
+    BatchStatus,
+    Chunk,
+    ChunkStatus,
+)
+from batches.validation import validate_file
+from batchgen_site.errors import BatchGenError, CapacityFull, NotFound
+from batchgen_site.ids import new_id
+from files import storage
+from files.models import File, FilePurpose
+from files.services import file_register_output
+
+logger = logging.getLogger("batchgen.batches")
+
+S = BatchStatus
+LEGAL_TRANSITIONS: dict[str, set[str]] = {
+    S.VALIDATING: {S.IN_PROGRESS, S.FAILED, S.CANCELLING, S.CANCELLED},
+    S.IN_PROGRESS: {S.FINALIZING, S.FAILED, S.CANCELLING},
+    S.FINALIZING: {S.COMPLETED, S.FAILED},
+    S.CANCELLING: {S.CANCELLED},
+}
+TIMESTAMP_FIELD = {
+    S.IN_PROGRESS: "in_progress_at",
+    S.FINALIZING: "finalizing_at",
+    S.COMPLETED: "completed_at",
+    S.FAILED: "failed_at",
+    S.CANCELLING: "cancelling_at",
+    S.CANCELLED: "cancelled_at",
+}
+OPEN_CHUNKS = (ChunkStatus.QUEUED, ChunkStatus.RUNNING)
+
+
+class IllegalTransition(BatchGenError):
+    pass
+
+
+def batch_transition(*, batch_id: str, to: str, **fields: Any) -> bool:
+    """Move a batch to `to` if its current status allows it, atomically across
+    processes (a conditional UPDATE). Returns False when the batch was elsewhere."""
+    sources = [s for s, targets in LEGAL_TRANSITIONS.items() if to in targets]
+    fields[TIMESTAMP_FIELD[to]] = timezone.now()
+    moved = Batch.objects.filter(id=batch_id, status__in=sources).update(status=to, **fields)
+    if moved:
+        logger.info("batch transition batch_id=%s status=%s%s", batch_id, to,
+                    f" error={fields['error']['code']}" if fields.get("error") else "")
+    return bool(moved)
+
+
+def batch_get(*, batch_id: str) -> Batch:
+    try:
+        return Batch.objects.get(id=batch_id)
+    except Batch.DoesNotExist:
+        raise NotFound(f"No such batch: {batch_id}", param="batch_id") from None
+
+
+# --- create and validate ------------------------------------------------------------
+
+
+def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = "24h",
+                 metadata: dict[str, str] | None = None, model: str,
+                 max_decoding_length: int | None = None, max_context_length: int | None = None,
+                 temperature: float | None = None, top_p: float | None = None,
+                 top_k: int | None = None) -> Batch:
+    """Check what is cheap, record the batch as `validating` and queue its
+    validation after commit. Never reads the input file here."""
+    from batches.tasks import validate_batch
+
+    try:
+        input_file = File.objects.get(id=input_file_id)
+    except File.DoesNotExist:
+        raise BatchGenError(f"No such file: {input_file_id}", param="input_file_id",
+                            code="invalid_input_file") from None
+    if input_file.purpose != FilePurpose.BATCH:
+        raise BatchGenError(
+            f"File {input_file_id} has purpose {input_file.purpose!r}; a batch needs an "
+            "input file uploaded with purpose 'batch'.", param="input_file_id",
+            code="invalid_input_file")
+    if intake.intake_is_full():
+        raise CapacityFull("The intake pool is full; retry later.",
+                           retry_after=settings.BATCHGEN_RETRY_AFTER_SECONDS)
+    with transaction.atomic():
+        # Lock order: the intake pool row, then batches. Serialises concurrent creates
+        # on the same file so at most one becomes active.
+        intake._locked_pool()
+        if Batch.objects.filter(input_file_id=input_file_id, status__in=ACTIVE_STATUSES).exists():
+            raise BatchGenError(
+                f"File {input_file_id} already has an active batch; wait for it to finish "
+                "or cancel it.", param="input_file_id", code="duplicate_batch")
+        batch = Batch.objects.create(
+            id=new_id("batch_"),
+            endpoint=endpoint,
+            model=model,
+            input_file=input_file,
+            completion_window=completion_window,
+            expires_at=timezone.now() + timedelta(hours=settings.BATCHGEN_COMPLETION_WINDOW_HOURS),
+            metadata=metadata,
+            max_decoding_length=max_decoding_length,
+            max_context_length=max_context_length,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+        )
+        transaction.on_commit(lambda: validate_batch.delay(batch.id))
+    logger.info("batch created batch_id=%s input_file_id=%s endpoint=%s", batch.id,
+                input_file_id, endpoint)
+    return batch
+
+
+def batch_validate(*, batch_id: str) -> Batch:
+    """Validate the input in one streaming pass, then enqueue the whole batch or fail
+    it. Nothing is queued unless every line is valid and all of it fits."""
+    batch = Batch.objects.select_related("input_file").get(id=batch_id)
+    if batch.status != S.VALIDATING:
+        return batch
+    Batch.objects.filter(id=batch_id).update(validation_started_at=timezone.now())
+    report = validate_file(
+        storage.absolute(batch.input_file.storage_name),
+        endpoint=batch.endpoint,
+        chunk_size=settings.BATCHGEN_CHUNK_SIZE,
+        max_line_bytes=settings.BATCHGEN_MAX_LINE_BYTES,
+        max_requests=settings.BATCHGEN_MAX_REQUESTS_PER_BATCH,
+    )
+    if report.invalid:
+        shown = len(report.errors)
+        more = f"; the first {shown} are listed in errors" if shown < report.invalid else ""
+        batch_transition(
+            batch_id=batch_id, to=S.FAILED,
+            error={"code": "invalid_input",
+                   "message": f"{report.invalid} input line(s) failed validation{more}."},
+            errors=report.errors,
+        )
+        return batch_get(batch_id=batch_id)
+    if report.total == 0:
+        batch_transition(batch_id=batch_id, to=S.FAILED,
+                         error={"code": "empty_batch",
+                                "message": "The input file holds no requests."})
+        return batch_get(batch_id=batch_id)
+
+    chunk_refs: list[tuple[str, int, int]] = []
+    with transaction.atomic():
+        intake._locked_pool()
+        batch = Batch.objects.get(id=batch_id)
+        if batch.status != S.VALIDATING:  # cancelled while we read the file
+            return batch
+        if not intake.intake_reserve(batch_id=batch_id, requests=report.total):
+            batch_transition(
+                batch_id=batch_id, to=S.FAILED, total=report.total,
+                error={"code": "capacity_exceeded",
+                       "message": f"The batch's {report.total} requests do not fit in the "
+                                  "intake pool now; retry later."})
+            return batch_get(batch_id=batch_id)
+        chunks = Chunk.objects.bulk_create(
+            [Chunk(batch_id=batch_id, index=i, start_offset=span.start_offset,
+                   end_offset=span.end_offset, first_line=span.first_line, count=span.count)
+             for i, span in enumerate(report.chunks)],
+            batch_size=1000,
+        )
+        batch_transition(batch_id=batch_id, to=S.IN_PROGRESS, total=report.total)
+        if any(c.pk is None for c in chunks):  # backends without RETURNING ids
+            chunks = list(Chunk.objects.filter(batch_id=batch_id))
+        chunk_refs = [(batch_id, c.pk, c.index) for c in chunks]
+        transaction.on_commit(lambda: publish_chunks(chunk_refs))
+    return batch_get(batch_id=batch_id)
+
+
+def publish_chunks(refs: list[tuple[str, int, int]]) -> None:
+    """Publish one message per chunk to the inference queue, by reference. Chunks
+    whose publish fails stay unpublished; recovery publishes them again."""
+    from batchgen_site.celery import QueueName, app
+    from inference.tasks import run_chunk
+
+    published: list[int] = []
+    try:
+        with app.producer_or_acquire() as producer:
+            for batch_id, chunk_id, index in refs:
+                run_chunk.apply_async(
+                    args=(batch_id, chunk_id), queue=QueueName.INFERENCE.value,
+                    producer=producer, shadow=f"chunk {batch_id}#{index}",
+                )
+                published.append(chunk_id)
+    finally:
+        now = timezone.now()
+        for start in range(0, len(published), 1000):
+            Chunk.objects.filter(id__in=published[start:start + 1000]).update(published_at=now)
+
+
+# --- cancel, settle, finalize, expire -------------------------------------------------
+
+
+def batch_cancel(*, batch_id: str) -> Batch:
+    """Cancel a validating or in-progress batch. Queued chunks are skipped and their
+    capacity returned at once; running ones are aborted by their workers, after which
+    the batch becomes `cancelled` with its partial output."""
+    batch = batch_get(batch_id=batch_id)
+    if batch.status in (S.CANCELLING, S.CANCELLED):
+        return batch
+    if batch.status == S.VALIDATING:
+        # Nothing is queued yet: the validator sees the status and stops.
+        if batch_transition(batch_id=batch_id, to=S.CANCELLED):
+            return batch_get(batch_id=batch_id)
+        batch.refresh_from_db()
+    if batch.status != S.IN_PROGRESS:
+        raise IllegalTransition(
+            f"Batch {batch_id} is {batch.status} and can no longer be cancelled.",
+            param="batch_id", code="batch_not_cancellable")
+    if not batch_transition(batch_id=batch_id, to=S.CANCELLING):
+        return batch_cancel(batch_id=batch_id)  # it moved meanwhile: decide again
+    chunks_skip_queued(batch_id=batch_id)
+    batch_settle(batch_id=batch_id, inline=True)
+    return batch_get(batch_id=batch_id)
+
+
+def chunks_skip_queued(*, batch_id: str) -> int:
+    with transaction.atomic():
+        queued = Chunk.objects.filter(batch_id=batch_id, status=ChunkStatus.QUEUED)
+        skipped_requests = sum(queued.values_list("count", flat=True))
+        count = queued.update(status=ChunkStatus.SKIPPED, finished_at=timezone.now())
+        intake.intake_release(batch_id=batch_id, requests=skipped_requests)
+    return count
+
+
+def batch_has_open_chunks(*, batch_id: str) -> bool:
+    return Chunk.objects.filter(batch_id=batch_id, status__in=OPEN_CHUNKS).exists()
+
+
+def batch_settle(*, batch_id: str, inline: bool = False) -> None:
+    """Called whenever a chunk closes: once none is open, finalize the batch
+    (completed, cancelled, or failed with its partial output)."""
+    if batch_has_open_chunks(batch_id=batch_id):
+        return
+    if inline:
+        batch_finalize(batch_id=batch_id)
+    else:
+        from batches.tasks import finalize_batch
+
+        transaction.on_commit(lambda: finalize_batch.delay(batch_id))
+
+
+def batch_finalize(*, batch_id: str) -> Batch:
+    """Register the incremental file as the output and close the batch, exactly once
+    however many callers race here: the status moves by conditional updates and the
+    output file is created under the batch's row lock only if it is still missing."""
+    batch = batch_get(batch_id=batch_id)
+    if batch_has_open_chunks(batch_id=batch_id):
+        return batch
+    if batch.status == S.IN_PROGRESS:
+        batch_transition(batch_id=batch_id, to=S.FINALIZING)
+        batch.refresh_from_db()
+    if batch.status not in (S.FINALIZING, S.CANCELLING, S.FAILED):
+        return batch
+    with transaction.atomic():
+        batch = Batch.objects.select_for_update().get(id=batch_id)
+        if batch.output_file_id is None and batch.in_progress_at is not None:
+            batch.output_file = file_register_output(batch_id=batch_id)
+            batch.save(update_fields=["output_file"])
+    if batch.status == S.FINALIZING:
+        batch_transition(batch_id=batch_id, to=S.COMPLETED)
+    elif batch.status == S.CANCELLING:
+        batch_transition(batch_id=batch_id, to=S.CANCELLED)
+    intake.intake_release(batch_id=batch_id)
+    return batch_get(batch_id=batch_id)
+
+
+def batch_fail(*, batch_id: str, code: str, message: str) -> bool:
+    """Fail a validating or running batch (worker error, window passed); queued
+    chunks are skipped, running ones stop, and what was written stays as output."""
+    if not batch_transition(batch_id=batch_id, to=S.FAILED,
+                            error={"code": code, "message": message}):
+        return False
+    chunks_skip_queued(batch_id=batch_id)
+    batch_settle(batch_id=batch_id, inline=True)
+    return True
+
+
+def batches_expire() -> int:
+    """Fail every active batch whose completion window has passed."""
+    expired = 0
+    overdue = Batch.objects.filter(
+        status__in=[S.VALIDATING, S.IN_PROGRESS], expires_at__lt=timezone.now()
+    ).values_list("id", "completion_window")
+    for batch_id, window in overdue:
+        if batch_fail(batch_id=batch_id, code="batch_failed",
+                      message=f"The batch did not finish within its {window} completion "
+                              "window; the results written so far are kept."):
+            expired += 1
+    return expired

@@ -1,0 +1,229 @@
+"""Streaming validation of a batch input file.
+
+One pass over the file in bounded reads: every line is parsed once, checked, and
+its byte offsets feed the chunk boundaries. Memory holds only one line at a time,
+the 8-byte digests of the custom_ids seen (for uniqueness) and the error list.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+BOM = b"\xef\xbb\xbf"
+MAX_CUSTOM_ID_LENGTH = 512
+# errors.data keeps the first this many bad lines; the error message gives the total.
+MAX_LISTED_ERRORS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSpan:
+    start_offset: int
+    end_offset: int
+    first_line: int
+    count: int
+
+
+@dataclass(slots=True)
+class ValidationReport:
+    total: int = 0
+    invalid: int = 0
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    chunks: list[ChunkSpan] = field(default_factory=list)
+
+    def add_error(self, line: int, code: str, message: str, param: str | None = None) -> None:
+        self.invalid += 1
+        if len(self.errors) < MAX_LISTED_ERRORS:
+            self.errors.append({"code": code, "message": message, "line": line, "param": param})
+
+
+class LineError(Exception):
+    def __init__(self, code: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
+
+
+def iter_lines(path: Path, *, start: int = 0, end: int | None = None,
+               max_line_bytes: int) -> Iterator[tuple[int, int, bytes | None]]:
+    """(line_number_offset_from_start, byte_offset_after_line, raw_line or None if
+    the line is longer than max_line_bytes). Blank lines are yielded too."""
+    with path.open("rb") as fh:
+        fh.seek(start)
+        offset = start
+        number = 0
+        while end is None or offset < end:
+            raw = fh.readline(max_line_bytes + 1)
+            if not raw:
+                break
+            number += 1
+            offset += len(raw)
+            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                # Too long: skip the rest of it without holding it in memory.
+                while True:
+                    rest = fh.readline(1024 * 1024)
+                    offset += len(rest)
+                    if not rest or rest.endswith(b"\n"):
+                        break
+                yield number, offset, None
+                continue
+            yield number, offset, raw
+
+
+def parse_line(raw: bytes, *, endpoint: str) -> dict[str, Any]:
+    """Parse and check one input line; raise LineError naming what is wrong."""
+    try:
+        item = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise LineError("invalid_json", f"Line is not valid JSON: {exc}") from None
+    if not isinstance(item, dict):
+        raise LineError("invalid_json", "Line must be a JSON object.")
+    custom_id = item.get("custom_id")
+    if custom_id is None or custom_id == "":
+        raise LineError("missing_custom_id", "Missing custom_id.", "custom_id")
+    if not isinstance(custom_id, str) or len(custom_id) > MAX_CUSTOM_ID_LENGTH:
+        raise LineError("invalid_custom_id",
+                        f"custom_id must be a string of at most {MAX_CUSTOM_ID_LENGTH} "
+                        "characters.", "custom_id")
+    if item.get("method") != "POST":
+        raise LineError("invalid_method", "method must be \"POST\".", "method")
+    if item.get("url") != endpoint:
+        raise LineError("invalid_url",
+                        f"url must be {endpoint!r}, the endpoint of this batch "
+                        f"(got {item.get('url')!r}).", "url")
+    body = item.get("body")
+    if not isinstance(body, dict):
+        raise LineError("invalid_body", "body must be a JSON object.", "body")
+    check_body(body, endpoint=endpoint)
+    return item
+
+
+def check_body(body: dict[str, Any], *, endpoint: str) -> None:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise LineError("invalid_body", "body.model is required (a string).", "body.model")
+    if endpoint == CHAT:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise LineError("invalid_body", "body.messages must be a non-empty list.",
+                            "body.messages")
+        for index, message in enumerate(messages):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise LineError("invalid_body",
+                                f"body.messages[{index}] must be an object with a role.",
+                                f"body.messages[{index}]")
+    else:
+        prompt = body.get("prompt")
+        valid = isinstance(prompt, str) or (
+            isinstance(prompt, list) and prompt
+            and all(isinstance(p, (str, int)) and not isinstance(p, bool) for p in prompt)
+        )
+        if not valid:
+            raise LineError("invalid_body",
+                            "body.prompt must be a string or a non-empty list.", "body.prompt")
+    check_sampling(body, prefix="body.")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_sampling(values: dict[str, Any], *, prefix: str = "") -> None:
+    """The sampling and length parameters shared by lines and batches."""
+    for key in ("max_tokens", "max_completion_tokens", "max_decoding_length",
+                "max_context_length"):
+        value = values.get(key)
+        if value is not None and (not _is_int(value) or value < 1):
+            raise LineError("invalid_body", f"{prefix}{key} must be a positive integer.",
+                            f"{prefix}{key}")
+    temperature = values.get("temperature")
+    if temperature is not None and (not _is_number(temperature) or temperature < 0):
+        raise LineError("invalid_body", f"{prefix}temperature must be a number >= 0.",
+                        f"{prefix}temperature")
+    top_p = values.get("top_p")
+    if top_p is not None and (not _is_number(top_p) or not 0 < top_p <= 1):
+        raise LineError("invalid_body", f"{prefix}top_p must be in (0, 1].", f"{prefix}top_p")
+    top_k = values.get("top_k")
+    if top_k is not None and (not _is_int(top_k) or top_k < -1):
+        raise LineError("invalid_body",
+                        f"{prefix}top_k must be an integer >= 0 (or -1 for off).",
+                        f"{prefix}top_k")
+    if values.get("n") not in (None, 1):
+        raise LineError("invalid_body", f"{prefix}n must be 1.", f"{prefix}n")
+    if values.get("stream") not in (None, False):
+        raise LineError("invalid_body", "Streaming is not available in a batch.",
+                        f"{prefix}stream")
+
+
+def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes: int,
+                  max_requests: int) -> ValidationReport:
+    report = ValidationReport()
+    seen: set[bytes] = set()
+    chunk_start = 0
+    chunk_first_line = 0
+    chunk_count = 0
+    previous_offset = 0
+    for line_number, offset, raw in iter_lines(path, max_line_bytes=max_line_bytes):
+        line_start = previous_offset
+        previous_offset = offset
+        if raw is None:
+            report.add_error(line_number, "line_too_long",
+                             f"Line is longer than {max_line_bytes} bytes.")
+            continue
+        if line_number == 1 and raw.startswith(BOM):
+            raw = raw[len(BOM):]
+        if not raw.strip():
+            continue
+        try:
+            item = parse_line(raw, endpoint=endpoint)
+        except LineError as error:
+            report.add_error(line_number, error.code, error.message, error.param)
+            continue
+        digest = hashlib.blake2b(item["custom_id"].encode(), digest_size=8).digest()
+        if digest in seen:
+            report.add_error(line_number, "duplicate_custom_id",
+                             f"custom_id {item['custom_id']!r} appears more than once.",
+                             "custom_id")
+            continue
+        seen.add(digest)
+        report.total += 1
+        if chunk_count == 0:
+            chunk_start, chunk_first_line = line_start, line_number
+        chunk_count += 1
+        if chunk_count == chunk_size:
+            report.chunks.append(ChunkSpan(chunk_start, offset, chunk_first_line, chunk_count))
+            chunk_count = 0
+        if report.total > max_requests:
+            report.add_error(line_number, "too_many_requests",
+                             f"A batch holds at most {max_requests} requests.")
+            break
+    if chunk_count:
+        report.chunks.append(ChunkSpan(chunk_start, previous_offset, chunk_first_line,
+                                       chunk_count))
+    return report
+
+
+def read_chunk(path: Path, *, start: int, end: int, max_line_bytes: int
+               ) -> list[dict[str, Any]]:
+    """The requests of one chunk, [start, end) in bytes, already validated."""
+    requests = []
+    for _, _, raw in iter_lines(path, start=start, end=end, max_line_bytes=max_line_bytes):
+        if raw is None:
+            continue
+        if start == 0 and raw.startswith(BOM):
+            raw = raw[len(BOM):]
+        start = -1  # the BOM can only open the file
+        if raw.strip():
+            requests.append(orjson.loads(raw))
+    return requests

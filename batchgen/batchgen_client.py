@@ -1,0 +1,478 @@
+"""HTTP client for a BatchGen server (OpenAI-compatible Batch API).
+
+Needs only httpx, tenacity and tqdm:
+
+    from batchgen.batchgen_client import BatchGenHttpClient
+
+    with BatchGenHttpClient("http://localhost:10900") as client:
+        batch = client.submit_batch("input.jsonl", "output.jsonl", max_decoding_length=4096)
+
+Every call retries HTTP 429 (see `batchgen._retry`); other failures raise the typed
+errors of `batchgen.errors`, re-exported here.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from batchgen import _clock, _retry
+from batchgen._jsonl import parse_line, parse_lines, split_lines
+from batchgen._progress import BatchProgress
+from batchgen._version import __version__
+from batchgen.errors import (
+    APIConnectionError,
+    APIError,
+    APITimeoutError,
+    AuthenticationError,
+    BadRequestError,
+    BatchFailedError,
+    BatchGenError,
+    ConflictError,
+    NoOutputError,
+    NotFoundError,
+    PayloadTooLargeError,
+    PermissionDeniedError,
+    RateLimitError,
+    ServerError,
+    WaitTimeoutError,
+    error_from_response,
+)
+
+__all__ = [
+    "BatchGenHttpClient",
+    "DEFAULT_BASE_URL",
+    "APIConnectionError",
+    "APIError",
+    "APITimeoutError",
+    "AuthenticationError",
+    "BadRequestError",
+    "BatchFailedError",
+    "BatchGenError",
+    "ConflictError",
+    "NoOutputError",
+    "NotFoundError",
+    "PayloadTooLargeError",
+    "PermissionDeniedError",
+    "RateLimitError",
+    "ServerError",
+    "WaitTimeoutError",
+]
+
+DEFAULT_BASE_URL = "http://localhost:10900"
+DEFAULT_ENDPOINT = "/v1/chat/completions"
+# Statuses after which a batch never changes again.
+FAILED_STATUSES = frozenset({"failed", "cancelled", "expired"})
+TERMINAL_STATUSES = FAILED_STATUSES | {"completed"}
+# Without timeout_s a request may take as long as it needs (multi-GB uploads and
+# downloads), but an unreachable host should not hang the caller.
+_CONNECT_TIMEOUT_S = 10.0
+
+PathLike = str | os.PathLike[str]
+
+
+class BatchGenHttpClient:
+    """A BatchGen server at `base_url` (default `$BATCHGEN_BASE_URL`, else
+    http://localhost:10900; a trailing `/v1` is accepted too).
+
+    `timeout_s` bounds every request phase; None means no limit except 10 s to
+    connect. `api_key` (default `$BATCHGEN_API_KEY`) is sent as a bearer token.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        timeout_s: float | None = None,
+        *,
+        api_key: str | None = None,
+    ):
+        base_url = (base_url or os.environ.get("BATCHGEN_BASE_URL") or DEFAULT_BASE_URL)
+        base_url = base_url.rstrip("/")
+        base_url = base_url.removesuffix("/v1")
+        self.base_url = base_url
+        api_key = api_key if api_key is not None else os.environ.get("BATCHGEN_API_KEY")
+        headers = {"User-Agent": f"batchgen-client/{__version__}", "Accept": "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        if timeout_s is None:
+            timeout = httpx.Timeout(None, connect=_CONNECT_TIMEOUT_S)
+        else:
+            timeout = httpx.Timeout(timeout_s)
+        self._http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout)
+
+    # -- files -------------------------------------------------------------------------
+
+    def upload_file(self, path: PathLike, purpose: str = "batch") -> dict:
+        """Upload a JSONL file (streamed from disk) and return the File object."""
+        path = Path(path)
+
+        def attempt() -> httpx.Response:
+            # Reopened on every attempt so a retried upload sends the whole file.
+            with path.open("rb") as fh:
+                return self._http.post(
+                    "/v1/files",
+                    data={"purpose": purpose},
+                    files={"file": (path.name, fh, "application/jsonl")},
+                )
+
+        return _json_of(self._send(attempt))
+
+    def get_file(self, file_id: str) -> dict:
+        return self._json("GET", f"/v1/files/{file_id}")
+
+    def list_files(
+        self,
+        purpose: str | None = None,
+        limit: int | None = None,
+        order: str | None = None,
+        after: str | None = None,
+    ) -> dict:
+        params = _without_none(purpose=purpose, limit=limit, order=order, after=after)
+        return self._json("GET", "/v1/files", params=params)
+
+    def delete_file(self, file_id: str) -> dict:
+        return self._json("DELETE", f"/v1/files/{file_id}")
+
+    def download_file_content(self, file_id: str) -> bytes:
+        """The whole file in memory; prefer `download_to` or `iter_results` for big ones."""
+        return self._send(lambda: self._http.get(f"/v1/files/{file_id}/content")).content
+
+    def download_to(self, file_id: str, path: PathLike) -> Path:
+        """Stream a file to `path`. It is written beside the target under a temporary
+        name and renamed at the end, so `path` never holds a partial download."""
+        target = Path(path)
+        with self._stream("GET", f"/v1/files/{file_id}/content") as response:
+            partial = target.with_name(f".{target.name}.{secrets.token_hex(4)}.part")
+            try:
+                with partial.open("xb") as out:
+                    for chunk in response.iter_bytes():
+                        out.write(chunk)
+                os.replace(partial, target)
+            except BaseException:
+                partial.unlink(missing_ok=True)
+                raise
+        return target
+
+    # -- batches -----------------------------------------------------------------------
+
+    def create_batch(
+        self,
+        input_file_id: str,
+        endpoint: str = DEFAULT_ENDPOINT,
+        completion_window: str = "24h",
+        metadata: dict[str, str] | None = None,
+        max_decoding_length: int | None = None,
+        max_context_length: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+    ) -> dict:
+        """Create a batch over an uploaded file. Optional settings left as None are
+        not sent, so the server defaults apply."""
+        body = {
+            "input_file_id": input_file_id,
+            "endpoint": endpoint,
+            "completion_window": completion_window,
+            **_without_none(
+                metadata=metadata,
+                max_decoding_length=max_decoding_length,
+                max_context_length=max_context_length,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+            ),
+        }
+        return self._json("POST", "/v1/batches", json=body)
+
+    def get_batch(self, batch_id: str) -> dict:
+        return self._json("GET", f"/v1/batches/{batch_id}")
+
+    def list_batches(self, limit: int = 20, after: str | None = None) -> dict:
+        """One page, newest first: `{"object": "list", "data": [...], "has_more": ...}`."""
+        return self._json("GET", "/v1/batches", params=_without_none(limit=limit, after=after))
+
+    def cancel_batch(self, batch_id: str) -> dict:
+        return self._json("POST", f"/v1/batches/{batch_id}/cancel")
+
+    def wait_for_batch(
+        self,
+        batch_id: str,
+        poll_interval: float = 5.0,
+        timeout: float | None = None,
+        progress: bool = False,
+    ) -> dict:
+        """Poll until the batch finishes and return it.
+
+        Raises BatchFailedError (a RuntimeError) if it ends failed, cancelled or
+        expired, and WaitTimeoutError (a TimeoutError) after `timeout` seconds; the
+        batch keeps running on the server then. `progress=True` shows a tqdm bar on
+        stderr.
+        """
+        with BatchProgress(disable=not progress) as bar:
+            for batch in self._poll(batch_id, poll_interval, timeout):
+                bar.update(batch)
+                if batch.get("status") == "completed":
+                    return batch
+                if batch.get("status") in FAILED_STATUSES:
+                    raise BatchFailedError(batch)
+        raise AssertionError("unreachable: _poll only ends by raising")
+
+    def submit_batch(
+        self,
+        input_file_path: PathLike,
+        output_file_path: PathLike | None = None,
+        endpoint: str = DEFAULT_ENDPOINT,
+        completion_window: str = "24h",
+        metadata: dict[str, str] | None = None,
+        max_decoding_length: int | None = None,
+        max_context_length: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        poll_interval: float = 5.0,
+        timeout: float | None = None,
+        progress: bool = False,
+    ) -> dict:
+        """Upload, create, wait, and (if `output_file_path` is given) download the
+        output, streamed. Returns the completed batch; raises as `wait_for_batch`."""
+        file_obj = self.upload_file(input_file_path, purpose="batch")
+        batch = self.create_batch(
+            file_obj["id"],
+            endpoint=endpoint,
+            completion_window=completion_window,
+            metadata=metadata,
+            max_decoding_length=max_decoding_length,
+            max_context_length=max_context_length,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+        )
+        batch = self.wait_for_batch(batch["id"], poll_interval, timeout, progress)
+        if output_file_path is not None:
+            if not batch.get("output_file_id"):
+                raise NoOutputError(f"batch {batch['id']} completed without an output file")
+            self.download_to(batch["output_file_id"], output_file_path)
+        return batch
+
+    # -- results -----------------------------------------------------------------------
+
+    def iter_results(
+        self, batch_or_file: str | dict, include_errors: bool = True
+    ) -> Iterator[dict]:
+        """Parsed result lines, streamed (the file is never held in memory).
+
+        `batch_or_file` is a finished batch (its id or object: reads its output file,
+        then its error file unless `include_errors=False`) or a file id (`file-...`).
+        Raises NoOutputError when the batch has no such file (yet).
+        """
+        for file_id in self._result_file_ids(batch_or_file, include_errors):
+            with self._stream("GET", f"/v1/files/{file_id}/content") as response:
+                yield from parse_lines(split_lines(response.iter_bytes()), file_id)
+
+    def follow_results(
+        self,
+        batch_id: str,
+        poll_interval: float = 5.0,
+        timeout: float | None = None,
+        on_poll: Callable[[dict], None] | None = None,
+    ) -> Iterator[dict]:
+        """Parsed result lines of a batch as they become available, until it ends.
+
+        Reads `GET /v1/batches/{id}/output?offset=N` (appended bytes of the
+        incremental file) when the server answers it with 200; otherwise waits for
+        the batch to finish and then reads its output like `iter_results`. Each
+        polled batch is passed to `on_poll`. After the last line, raises
+        BatchFailedError if the batch did not complete.
+        """
+        offset = 0
+        incremental: bool | None = None  # None until the server's answer is known
+        for batch in self._poll(batch_id, poll_interval, timeout):
+            if on_poll is not None:
+                on_poll(batch)
+            finished = batch.get("status") in TERMINAL_STATUSES
+            if incremental is not False:
+                # The status was read before these bytes: once it is terminal the
+                # file is final and its last line may be taken without a newline.
+                new_offset = yield from self._read_incremental(
+                    batch_id, offset, final=finished, probing=incremental is None
+                )
+                incremental = new_offset is not None
+                offset = new_offset or 0
+            if finished:
+                if not incremental:
+                    if _has_result_files(batch):
+                        yield from self.iter_results(batch)
+                elif batch.get("error_file_id"):
+                    yield from self.iter_results(batch["error_file_id"])
+                if batch.get("status") != "completed":
+                    raise BatchFailedError(batch)
+                return
+
+    # -- server ------------------------------------------------------------------------
+
+    def health_check(self) -> bool:
+        """True if the server answers /health with 200; False otherwise, never raises."""
+        try:
+            return self._send(lambda: self._http.get("/health")).status_code == 200
+        except BatchGenError:
+            return False
+
+    def pool_status(self) -> dict:
+        return self._json("GET", "/v1/pool/status")
+
+    def list_models(self) -> dict:
+        return self._json("GET", "/v1/models")
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> BatchGenHttpClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> dict:
+        return _json_of(self._send(lambda: self._http.request(method, path, **kwargs)))
+
+    def _send(self, attempt: Callable[[], httpx.Response]) -> httpx.Response:
+        """Run one HTTP exchange under the 429 retry policy."""
+        return _retry.rate_limit_retrying()(_checked, attempt)
+
+    @contextmanager
+    def _stream(self, method: str, path: str, **kwargs: Any) -> Iterator[httpx.Response]:
+        """A response whose body is read as it arrives; closed on exit."""
+
+        def attempt() -> httpx.Response:
+            return self._http.send(self._http.build_request(method, path, **kwargs), stream=True)
+
+        response = self._send(attempt)
+        try:
+            yield response
+        except httpx.TimeoutException as exc:
+            raise APITimeoutError(f"timed out reading {method} {path}: {exc}") from exc
+        except httpx.HTTPError as exc:  # the connection broke mid-body
+            raise APIConnectionError(f"reading {method} {path} failed: {exc}") from exc
+        finally:
+            response.close()
+
+    def _poll(self, batch_id: str, poll_interval: float, timeout: float | None) -> Iterator[dict]:
+        """Batch snapshots, `poll_interval` apart, forever; WaitTimeoutError once
+        `timeout` seconds have passed. The consumer stops when it has seen enough."""
+        if poll_interval < 0:
+            raise ValueError("poll_interval must be >= 0")
+        deadline = None if timeout is None else _clock.monotonic() + timeout
+        while True:
+            batch = self.get_batch(batch_id)
+            yield batch
+            if deadline is None:
+                _clock.sleep(poll_interval)
+                continue
+            remaining = deadline - _clock.monotonic()
+            if remaining <= 0:
+                raise WaitTimeoutError(
+                    f"batch {batch_id} still {batch.get('status')} after {timeout} s", batch=batch
+                )
+            _clock.sleep(min(poll_interval, remaining))
+
+    def _read_incremental(self, batch_id: str, offset: int, *, final: bool, probing: bool):
+        """Yield the result lines appended since byte `offset`; return the new offset.
+
+        While `probing` (first call), a server that does not answer the incremental
+        endpoint with 200 makes this return None instead of raising: the caller then
+        falls back to the finished output file.
+        """
+        path = f"/v1/batches/{batch_id}/output"
+        request = self._http.build_request("GET", path, params={"offset": offset})
+        try:
+            response = self._send(lambda: self._http.send(request, stream=True))
+        except APIError:
+            if probing:
+                return None
+            raise
+        try:
+            if response.status_code != 200:
+                if probing:
+                    return None
+                raise BatchGenError(f"GET {path} answered {response.status_code}, expected 200")
+            for line in split_lines(response.iter_bytes(), keep_partial=final):
+                start, offset = offset, offset + len(line) + 1  # + the newline
+                if line.strip():
+                    yield parse_line(line, f"{path} at byte {start}")
+            return offset
+        except httpx.TimeoutException as exc:
+            raise APITimeoutError(f"timed out reading {path}: {exc}") from exc
+        except httpx.HTTPError as exc:
+            raise APIConnectionError(f"reading {path} failed: {exc}") from exc
+        finally:
+            response.close()
+
+    def _result_file_ids(self, batch_or_file: str | dict, include_errors: bool) -> list[str]:
+        if isinstance(batch_or_file, str) and batch_or_file.startswith("file-"):
+            return [batch_or_file]
+        batch = batch_or_file if isinstance(batch_or_file, dict) else self.get_batch(batch_or_file)
+        file_ids = [batch.get("output_file_id")]
+        if include_errors:
+            file_ids.append(batch.get("error_file_id"))
+        file_ids = [f for f in dict.fromkeys(file_ids) if f]
+        if not file_ids:
+            raise NoOutputError(
+                f"batch {batch.get('id')} has no output file (status {batch.get('status')})"
+            )
+        return file_ids
+
+
+def _checked(attempt: Callable[[], httpx.Response]) -> httpx.Response:
+    """Make one request; turn transport failures and HTTP errors into BatchGenErrors
+    (a 429 becomes a RateLimitError, which the retry policy catches)."""
+    try:
+        response = attempt()
+        if response.is_error:
+            try:
+                response.read()
+            finally:
+                response.close()
+    except httpx.TimeoutException as exc:
+        raise APITimeoutError(f"{_target(exc)} timed out: {exc}") from exc
+    except httpx.HTTPError as exc:
+        raise APIConnectionError(f"cannot reach {_target(exc)}: {exc}") from exc
+    if response.is_error:
+        retry_after = None
+        if response.status_code == 429:
+            retry_after = _retry.parse_retry_after(response.headers.get("Retry-After"))
+        raise error_from_response(response, retry_after=retry_after)
+    return response
+
+
+def _target(exc: httpx.HTTPError) -> str:
+    try:
+        request = exc.request
+    except RuntimeError:  # httpx raises when the error carries no request
+        return "the BatchGen server"
+    return f"{request.method} {request.url}"
+
+
+def _json_of(response: httpx.Response) -> dict:
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise BatchGenError(
+            f"expected JSON from {response.request.method} {response.request.url}, "
+            f"got {response.headers.get('content-type', 'no content type')}"
+        ) from exc
+
+
+def _has_result_files(batch: dict) -> bool:
+    return bool(batch.get("output_file_id") or batch.get("error_file_id"))
+
+
+def _without_none(**fields: Any) -> dict[str, Any]:
+    return {key: value for key, value in fields.items() if value is not None}

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class BatchgenSiteConfig(AppConfig):
+    name = "batchgen_site"
+    verbose_name = "BatchGen"

@@ -1,0 +1,34 @@
+"""The Celery app: the IntakePool is its `inference` queue, the control tasks run on
+`control`. Settings come from Django's, prefixed CELERY_."""
+
+from __future__ import annotations
+
+import enum
+import os
+
+from celery import Celery
+from kombu import Exchange, Queue
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batchgen_site.settings")
+
+
+class QueueName(enum.StrEnum):
+    INFERENCE = "inference"  # chunks of requests, by reference: the IntakePool
+    CONTROL = "control"  # validate, finalize, expire, recover
+
+
+app = Celery("batchgen")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.task_queues = [
+    Queue(name.value, Exchange(name.value, type="direct"), routing_key=name.value)
+    for name in QueueName
+]
+app.conf.task_default_queue = QueueName.CONTROL.value
+app.conf.task_default_exchange = QueueName.CONTROL.value
+app.conf.task_default_routing_key = QueueName.CONTROL.value
+app.conf.beat_schedule = {
+    "expire-batches": {"task": "batches.expire_batches", "schedule": 60.0},
+    "recover-chunks": {"task": "batches.recover_chunks", "schedule": 15.0},
+    "purge-expired-files": {"task": "files.purge_expired_files", "schedule": 3600.0},
+}
+app.autodiscover_tasks(["batches", "files", "inference"])

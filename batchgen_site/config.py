@@ -1,0 +1,43 @@
+"""BatchGen's server settings: one table, read by the settings module and by the
+`serve` command (which turns each into a flag).
+
+Every setting is an environment variable with an embedded default, so the web
+process, the control worker and every inference worker agree on them however they
+were started (by `make run`, docker-compose or systemd).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Setting:
+    flag: str
+    env: str
+    default: str
+    help: str
+    is_bool: bool = False
+
+
+SERVER_SETTINGS: tuple[Setting, ...] = (
+    Setting("--listen-ip", "BATCHGEN_LISTEN_IP", "0.0.0.0", "address the web server binds"),
+    Setting("--listen-port", "BATCHGEN_LISTEN_PORT", "10900", "port the web server binds"),
+    Setting("--storage-path", "BATCHGEN_STORAGE_PATH", "./storage",
+            "uploads, incremental output, the SQLite database, the model and the embedded broker"),
+    Setting("--model", "BATCHGEN_MODEL", "",
+            "local Hugging Face model folder (default: the bundled SmolLM2-135M-Instruct)"),
+    Setting("--engine", "BATCHGEN_ENGINE", "vllm",
+            "'vllm' (default) or 'simulated' (load and fault tests only)"),
+    Setting("--max-intake-capacity", "BATCHGEN_MAX_INTAKE_CAPACITY", "1000000",
+            "requests admitted and not yet finished, across all batches"),
+    Setting("--max-pool-size", "BATCHGEN_MAX_POOL_SIZE", "10240",
+            "slots (requests inside the engine at once) per inference worker"),
+    Setting("--max-context-length", "BATCHGEN_MAX_CONTEXT_LENGTH", "",
+            "prompt + completion token limit (default: the model's)"),
+    Setting("--parse-thinking", "BATCHGEN_PARSE_THINKING", "false",
+            "fill reasoning_content with vLLM's reasoning parser", is_bool=True),
+    Setting("--tool-call-parser", "BATCHGEN_TOOL_CALL_PARSER", "",
+            "vLLM tool call parser name (e.g. hermes) that fills tool_calls"),
+    Setting("--flower-port", "BATCHGEN_FLOWER_PORT", "5555", "Flower's port (0 = no Flower)"),
+)

@@ -1,0 +1,142 @@
+"""The OpenAI error envelope, for every 4xx and 5xx the API answers.
+
+`{"error": {"message": str, "type": str, "param": str|null, "code": str|null}}`
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404, JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler
+
+logger = logging.getLogger(__name__)
+
+
+class BatchGenError(Exception):
+    """A domain error a service raises; the API turns it into the envelope."""
+
+    status_code = status.HTTP_400_BAD_REQUEST
+    error_type = "invalid_request_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+
+class NotFound(BatchGenError):
+    status_code = status.HTTP_404_NOT_FOUND
+    code = "not_found"
+
+
+class Conflict(BatchGenError):
+    status_code = status.HTTP_400_BAD_REQUEST
+
+
+class PayloadTooLarge(BatchGenError):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    code = "file_too_large"
+
+
+class CapacityFull(BatchGenError):
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
+    error_type = "rate_limit_error"
+    code = "intake_pool_full"
+
+    def __init__(self, message: str, *, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def envelope(message: str, *, error_type: str, param: str | None = None,
+             code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    406: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+def _first_error(detail, prefix: str | None = None) -> tuple[str, str | None, str | None]:
+    """The first message of a DRF ValidationError detail, with its field path."""
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            param = key if key != "non_field_errors" else None
+            if prefix and param:
+                param = f"{prefix}.{param}"
+            message, sub_param, code = _first_error(value, param or prefix)
+            return message, sub_param or param, code
+    if isinstance(detail, list) and detail:
+        return _first_error(detail[0], prefix)
+    code = getattr(detail, "code", None)
+    return str(detail), prefix, code
+
+
+def openai_exception_handler(exc, context) -> Response:
+    if isinstance(exc, BatchGenError):
+        response = Response(
+            envelope(exc.message, error_type=exc.error_type, param=exc.param, code=exc.code),
+            status=exc.status_code,
+        )
+        if isinstance(exc, CapacityFull):
+            response["Retry-After"] = str(exc.retry_after)
+        return response
+    if isinstance(exc, RequestDataTooBig):
+        exc = exceptions.ValidationError(str(exc))
+        exc.status_code = 413
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    response = exception_handler(exc, context)
+    if response is None:
+        logger.exception("unhandled error in %s", context.get("view"))
+        return Response(
+            envelope("The server had an error while processing your request.",
+                     error_type="server_error", code="internal_error"),
+            status=500,
+        )
+    if isinstance(exc, exceptions.ValidationError):
+        message, param, code = _first_error(exc.detail)
+        if param and not message.startswith(param):
+            message = f"{param}: {message}"
+        code = None if code in (None, "invalid") else code
+    else:
+        message, param, code = str(getattr(exc, "detail", exc)), None, None
+        code = getattr(getattr(exc, "detail", None), "code", None)
+    response.data = envelope(
+        message, error_type=_TYPES.get(response.status_code, "server_error"),
+        param=param, code=code,
+    )
+    return response
+
+
+def json_error(request, message: str, status_code: int, error_type: str) -> JsonResponse:
+    return JsonResponse(envelope(message, error_type=error_type), status=status_code)
+
+
+def handler404(request, exception=None):
+    return json_error(request, f"Unknown path: {request.path}", 404, "invalid_request_error")
+
+
+def handler500(request):
+    return json_error(request, "The server had an error while processing your request.",
+                      500, "server_error")
+
+
+def handler400(request, exception=None):
+    return json_error(request, "Bad request.", 400, "invalid_request_error")

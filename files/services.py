@@ -1,0 +1,127 @@
+"""File services: upload, delete, output registration, purge."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import unicodedata
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from batchgen_site.errors import BatchGenError, Conflict
+from batchgen_site.ids import new_id
+from files import storage
+from files.models import File, FilePurpose, FileStatus
+from files.upload import StreamedUpload
+
+logger = logging.getLogger(__name__)
+
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def sanitize_filename(name: str | None) -> str:
+    """The name shown back to the user: the last path component, without control
+    characters. The bytes are stored under the file id, never under this name."""
+    name = unicodedata.normalize("NFC", name or "")
+    name = name.replace("\\", "/").rsplit("/", 1)[-1]
+    name = _UNSAFE.sub("", name).strip()
+    if name in ("", ".", ".."):
+        name = "upload.jsonl"
+    return name[:255]
+
+
+def file_upload(*, upload: StreamedUpload, purpose: str) -> File:
+    """Move a fully streamed upload into place and record it. The row is created
+    only after the bytes are durable under their final name."""
+    if purpose != FilePurpose.BATCH:
+        raise BatchGenError(
+            f"Invalid purpose {purpose!r}: uploads must have purpose 'batch'.", param="purpose"
+        )
+    if upload.size == 0:
+        raise BatchGenError("The uploaded file is empty.", param="file", code="empty_file")
+    file_id = new_id("file-")
+    name = storage.upload_name(file_id)
+    final = storage.absolute(name)
+    os.replace(upload.path, final)
+    storage.fsync_dir(final.parent)
+    try:
+        return File.objects.create(
+            id=file_id,
+            purpose=purpose,
+            filename=sanitize_filename(upload.name),
+            bytes=upload.size,
+            checksum=f"sha256:{upload.sha256}",
+            status=FileStatus.UPLOADED,
+            storage_name=name,
+            expires_at=_expiry(),
+        )
+    except Exception:
+        final.unlink(missing_ok=True)
+        raise
+
+
+def _expiry():
+    days = settings.BATCHGEN_FILE_EXPIRY_DAYS
+    return timezone.now() + timedelta(days=days) if days > 0 else None
+
+
+def file_register_output(*, batch_id: str) -> File:
+    """Register a batch's incremental file as its output file (it is the same file)."""
+    name = storage.incremental_name(batch_id)
+    path = storage.absolute(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(exist_ok=True)
+    size, digest = storage.sha256_of(path)
+    return File.objects.create(
+        id=new_id("file-"),
+        purpose=FilePurpose.BATCH_OUTPUT,
+        filename=f"{batch_id}_output.jsonl",
+        bytes=size,
+        checksum=f"sha256:{digest}",
+        status=FileStatus.PROCESSED,
+        storage_name=name,
+        expires_at=_expiry(),
+    )
+
+
+def file_delete(*, file: File) -> None:
+    """Delete a file and its bytes; refused while an active batch reads or writes it."""
+    from batches.selectors import file_in_active_use
+
+    if file_in_active_use(file_id=file.id):
+        raise Conflict(
+            f"File {file.id} is used by an active batch; cancel or wait for it first.",
+            param="file_id", code="file_in_use",
+        )
+    path = storage.absolute(file.storage_name)
+    with transaction.atomic():
+        file.delete()
+        transaction.on_commit(lambda: path.unlink(missing_ok=True))
+    logger.info("file deleted file_id=%s", file.id)
+
+
+def files_purge(*, older_than: timedelta | None = None) -> int:
+    """Delete files past their expiry (or older than `older_than`) that no active
+    batch uses, plus partial uploads a crashed web process left behind."""
+    now = timezone.now()
+    if older_than is None:
+        candidates = File.objects.filter(expires_at__lt=now)
+    else:
+        candidates = File.objects.filter(created_at__lt=now - older_than)
+    deleted = 0
+    for file in candidates.iterator():
+        try:
+            file_delete(file=file)
+            deleted += 1
+        except Conflict:
+            continue
+    cutoff = now.timestamp() - 24 * 3600
+    if settings.UPLOADS_DIR.exists():
+        for partial in settings.UPLOADS_DIR.glob(".partial-*"):
+            if partial.stat().st_mtime < cutoff:
+                partial.unlink(missing_ok=True)
+    return deleted

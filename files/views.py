@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.http import FileResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework.parsers import MultiPartParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from batchgen_site.pagination import list_page
+from files import selectors, services, storage
+from files.serializers import (
+    FileDeletedSerializer,
+    FileListInputSerializer,
+    FileListSerializer,
+    FileOutputSerializer,
+    FileUploadInputSerializer,
+)
+from files.upload import StreamingUploadHandler, too_large_error
+
+
+class FileListCreateView(APIView):
+    parser_classes = [MultiPartParser]
+
+    @extend_schema(request=FileUploadInputSerializer, responses=FileOutputSerializer,
+                   operation_id="files_upload")
+    def post(self, request):
+        try:
+            declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            declared = 0
+        # The multipart envelope adds a few hundred bytes to the file itself.
+        if declared > settings.BATCHGEN_MAX_UPLOAD_BYTES + 64 * 1024:
+            raise too_large_error()
+        try:
+            params = FileUploadInputSerializer(data=request.data)
+            params.is_valid(raise_exception=True)
+            upload = params.validated_data["file"]
+            file = services.file_upload(upload=upload, purpose=params.validated_data["purpose"])
+            for handler in _streaming_handlers(request):
+                handler.claim(upload.path)
+        finally:
+            for handler in _streaming_handlers(request):
+                handler.discard()
+        return Response(FileOutputSerializer(file).data)
+
+    @extend_schema(parameters=[FileListInputSerializer], responses=FileListSerializer,
+                   operation_id="files_list")
+    def get(self, request):
+        params = FileListInputSerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        query = params.validated_data
+        files = selectors.file_list(purpose=query.get("purpose"), order=query["order"],
+                                    after=query.get("after"))
+        return Response(list_page(files, limit=query["limit"],
+                                  serializer_class=FileOutputSerializer))
+
+
+def _streaming_handlers(request):
+    return [h for h in request._request.upload_handlers if isinstance(h, StreamingUploadHandler)]
+
+
+class FileDetailView(APIView):
+    @extend_schema(responses=FileOutputSerializer, operation_id="files_retrieve")
+    def get(self, request, file_id: str):
+        return Response(FileOutputSerializer(selectors.file_get(file_id=file_id)).data)
+
+    @extend_schema(responses=FileDeletedSerializer, operation_id="files_delete")
+    def delete(self, request, file_id: str):
+        file = selectors.file_get(file_id=file_id)
+        services.file_delete(file=file)
+        return Response({"id": file_id, "object": "file", "deleted": True})
+
+
+class FileContentView(APIView):
+    @extend_schema(responses={(200, "application/octet-stream"): OpenApiResponse(
+        response=OpenApiTypes.BINARY, description="The file's bytes")},
+        operation_id="files_content")
+    def get(self, request, file_id: str):
+        file = selectors.file_get(file_id=file_id)
+        try:
+            handle = storage.absolute(file.storage_name).open("rb")
+        except FileNotFoundError:
+            from batchgen_site.errors import NotFound
+
+            raise NotFound(f"The bytes of file {file_id} are gone from storage.",
+                           param="file_id") from None
+        # FileResponse streams in blocks: memory stays flat for any size.
+        return FileResponse(handle, as_attachment=True, filename=file.filename,
+                            content_type="application/jsonl")

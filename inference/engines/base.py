@@ -1,0 +1,79 @@
+"""The contract between the inference worker and an engine.
+
+The worker owns one engine and one asyncio event loop (in a thread of its own). It
+calls `start()` once, then `generate()` concurrently for every request it has a slot
+for. Cancelling the asyncio task that awaits `generate()` must abort the request
+inside the engine (that is how cancelled batches free GPU work).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    engine: str  # "vllm" | "simulated"
+    model: str  # path of a local Hugging Face model folder
+    served_model_name: str  # the id shown in /v1/models and in output bodies
+    max_context_length: int | None = None  # server cap, prompt + completion; None = model's
+    parse_thinking: bool = False
+    reasoning_parser: str = "deepseek_r1"  # vLLM reasoning parser used when parse_thinking
+    tool_call_parser: str | None = None  # a vLLM tool parser name, e.g. "hermes"
+    sim_latency_ms: float = 0.0  # simulated engine only
+    # Passed through to vLLM's AsyncEngineArgs (GPU users: tensor_parallel_size,
+    # gpu_memory_utilization, max_num_seqs, dtype, quantization, ...).
+    engine_args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    request_id: str  # unique inside the engine while it runs
+    custom_id: str
+    endpoint: str  # "/v1/chat/completions" | "/v1/completions"
+    # The request body with batch-level defaults already merged in
+    # (see inference.params.resolve_body). If neither max_tokens nor
+    # max_completion_tokens is present, the engine uses what remains of the context.
+    body: dict[str, Any]
+    # Batch-level cap on prompt + completion tokens; None means the engine's own.
+    max_context_length: int | None = None
+
+
+@dataclass(slots=True)
+class EngineResult:
+    """Either `body` (an OpenAI chat.completion / text_completion object) or `error`."""
+
+    body: dict[str, Any] | None = None
+    error: dict[str, str] | None = None  # {"code": ..., "message": ...}
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @classmethod
+    def failure(cls, code: str, message: str) -> EngineResult:
+        return cls(error={"code": code, "message": message})
+
+
+class Engine(abc.ABC):
+    name: str = "engine"
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+
+    @property
+    @abc.abstractmethod
+    def max_context_length(self) -> int:
+        """Effective prompt + completion limit in tokens (after start())."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Load the model. Called once, on the worker's engine loop."""
+
+    @abc.abstractmethod
+    async def generate(self, request: EngineRequest) -> EngineResult:
+        """Run one request to completion. Never raises for a bad request: returns an
+        EngineResult with `error` (e.g. code `context_length_exceeded`)."""
+
+    async def shutdown(self) -> None:  # noqa: B027 - optional hook
+        """Release the engine's resources."""

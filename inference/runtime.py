@@ -1,0 +1,309 @@
+"""The inference worker's runtime: one engine, its event loop, the slots, the
+heartbeat, and the loop that runs a chunk.
+
+Threads of one worker process:
+- Celery's task threads, one per chunk in hand (the threads pool; its size lets the
+  worker hold enough chunks to fill every slot). A chunk's thread submits requests
+  while slots are free, writes each finished one to the incremental file and
+  accounts progress.
+- The engine loop: an asyncio loop that owns the engine; every request is a task on it.
+- Two DB threads: all ORM work goes through them, so a worker holds at most two
+  database connections however many chunks it runs.
+- The heartbeat: liveness, slot figures, lease renewal, and which batches must stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+from django.conf import settings
+from django.db import close_old_connections
+
+from batches.params import resolve_body
+from batches.validation import read_chunk
+from files.incremental import append_lines, scan_results
+from inference import services
+from inference.engines import Engine, EngineConfig, EngineRequest, EngineResult, load_engine
+from inference.output import format_line
+from inference.slots import SlotPool
+
+logger = logging.getLogger("batchgen.inference")
+
+PROGRESS_INTERVAL = 0.5  # seconds between progress flushes of a running chunk
+_CANCELLED = object()
+
+
+def engine_config_from_settings() -> EngineConfig:
+    from inference.model_info import served_model
+
+    model = served_model()
+    return EngineConfig(
+        engine=settings.BATCHGEN_ENGINE,
+        model=settings.BATCHGEN_MODEL,
+        served_model_name=model.id,
+        max_context_length=settings.BATCHGEN_MAX_CONTEXT_LENGTH,
+        parse_thinking=settings.BATCHGEN_PARSE_THINKING,
+        reasoning_parser=settings.BATCHGEN_REASONING_PARSER,
+        tool_call_parser=settings.BATCHGEN_TOOL_CALL_PARSER,
+        sim_latency_ms=settings.BATCHGEN_SIM_LATENCY_MS,
+        engine_args=settings.BATCHGEN_ENGINE_ARGS,
+    )
+
+
+def _db(fn, kwargs):
+    close_old_connections()
+    try:
+        return fn(**kwargs)
+    finally:
+        close_old_connections()
+
+
+class InferenceRuntime:
+    def __init__(self, *, config: EngineConfig, capacity: int, name: str | None = None) -> None:
+        self.hostname = socket.gethostname()
+        self.name = name or f"{self.hostname}:{os.getpid()}:{int(time.time())}"
+        self.config = config
+        self.slots = SlotPool(capacity)
+        self.engine: Engine = load_engine(config)
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.failed: BaseException | None = None
+        self.stop_batches: frozenset[str] = frozenset()
+        self._running: dict[int, str] = {}  # chunk id -> batch id
+        self._running_lock = threading.Lock()
+        self._db = ThreadPoolExecutor(max_workers=2, thread_name_prefix="batchgen-db")
+        self._stopping = threading.Event()
+        self.completed = self.failed_requests = self.tokens = 0
+        self._stats_lock = threading.Lock()
+
+    # --- life cycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        threading.Thread(target=self.loop.run_forever, name="engine-loop", daemon=True).start()
+        reaped = self.db(services.worker_reap_host, hostname=self.hostname, current=self.name,
+                         pid_alive=psutil.pid_exists)
+        if reaped:
+            from batches.tasks import recover_chunks
+
+            recover_chunks.delay()
+        self._heartbeat_once()
+        threading.Thread(target=self._heartbeat_forever, name="heartbeat", daemon=True).start()
+        started = asyncio.run_coroutine_threadsafe(self.engine.start(), self.loop)
+        started.add_done_callback(self._engine_started)
+        logger.info("inference worker %s starting engine=%s model=%s slots=%s", self.name,
+                    self.config.engine, self.config.served_model_name, self.slots.capacity)
+
+    def _engine_started(self, future) -> None:
+        if future.exception() is not None:
+            self.failed = future.exception()
+            logger.error("engine failed to start: %r", self.failed)
+        else:
+            logger.info("engine ready: %s (context %s tokens)", self.config.served_model_name,
+                        self.engine.max_context_length)
+        self.ready.set()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        try:
+            self.db(services.worker_stopped, name=self.name)
+            asyncio.run_coroutine_threadsafe(self.engine.shutdown(), self.loop).result(30)
+        except Exception:
+            logger.exception("error while stopping the inference runtime")
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._db.shutdown(wait=False)
+
+    def db(self, fn, **kwargs):
+        return self._db.submit(_db, fn, kwargs).result()
+
+    # --- heartbeat ----------------------------------------------------------------------
+
+    def _heartbeat_once(self) -> None:
+        with self._running_lock:
+            chunk_ids = list(self._running)
+        self.stop_batches = frozenset(self.db(
+            services.worker_heartbeat, name=self.name, hostname=self.hostname,
+            engine=self.config.engine, model=self.config.served_model_name,
+            capacity=self.slots.capacity, active=self.slots.active,
+            ready=self.ready.is_set() and self.failed is None, completed=self.completed,
+            failed=self.failed_requests, tokens=self.tokens, chunk_ids=chunk_ids,
+        ))
+
+    def _heartbeat_forever(self) -> None:
+        while not self._stopping.wait(settings.BATCHGEN_HEARTBEAT_SECONDS):
+            try:
+                self._heartbeat_once()
+            except Exception:
+                logger.exception("heartbeat failed; retrying")
+
+    # --- running a chunk ------------------------------------------------------------------
+
+    def run_chunk(self, chunk_id: int) -> str:
+        self.ready.wait()
+        if self.failed is not None:
+            raise RuntimeError(f"the engine failed to start: {self.failed!r}")
+        work = self.db(services.chunk_claim, chunk_id=chunk_id, worker=self.name)
+        if work is None:
+            return "not claimed"
+        requests = read_chunk(Path(work.input_path), start=work.start_offset,
+                              end=work.end_offset, max_line_bytes=settings.BATCHGEN_MAX_LINE_BYTES)
+        output = Path(work.output_path)
+        if work.attempts > 1:
+            # A redelivery: skip what an earlier attempt already wrote.
+            written = scan_results(output, {r["custom_id"] for r in requests})
+            self.db(services.chunk_reconcile, work=work, worker=self.name, written=written)
+            requests = [r for r in requests if r["custom_id"] not in written]
+        with self._running_lock:
+            self._running[work.chunk_id] = work.batch_id
+        try:
+            completed, failed = self._run_requests(work, requests, output)
+        finally:
+            with self._running_lock:
+                self._running.pop(work.chunk_id, None)
+        self.db(services.chunk_close, chunk_id=work.chunk_id, worker=self.name,
+                completed=completed, failed=failed)
+        return f"chunk {work.batch_id}#{work.index}: {completed} completed, {failed} failed"
+
+    def _run_requests(self, work: services.ChunkWork, requests: list[dict],
+                      output: Path) -> tuple[int, int]:
+        """Submit while slots are free, write results as they come, flush progress.
+        Returns the results not yet accounted when the chunk ends."""
+        results: queue.SimpleQueue = queue.SimpleQueue()
+        pending = deque(enumerate(requests))
+        tasks: set[asyncio.Task] = set()
+
+        def submit(position: int, item: dict) -> None:
+            request = EngineRequest(
+                request_id=f"{work.batch_id}-{work.index}-{position}-{work.attempts}",
+                custom_id=item["custom_id"],
+                endpoint=work.endpoint,
+                body=resolve_body(item["body"], work.params, endpoint=work.endpoint),
+                max_context_length=work.params.max_context_length,
+            )
+            self.loop.call_soon_threadsafe(self._start_request, request, results, tasks)
+
+        try:
+            return self._loop_requests(work, pending, tasks, results, submit, output)
+        except BaseException:
+            self.loop.call_soon_threadsafe(lambda: [t.cancel() for t in list(tasks)])
+            raise
+
+    def _loop_requests(self, work, pending, tasks, results, submit, output) -> tuple[int, int]:
+        outstanding = 0
+        completed = failed = 0
+        last_flush = time.monotonic()
+        stopped = False
+        while pending or outstanding:
+            if not stopped and (work.batch_id in self.stop_batches or self._stopping.is_set()):
+                stopped = True
+                pending.clear()
+                self.loop.call_soon_threadsafe(lambda: [t.cancel() for t in list(tasks)])
+            while pending and self.slots.try_acquire():
+                submit(*pending.popleft())
+                outstanding += 1
+            if pending and not outstanding and self.slots.acquire(timeout=PROGRESS_INTERVAL):
+                submit(*pending.popleft())
+                outstanding += 1
+            if not outstanding:
+                continue
+            finished = self._drain(results)
+            outstanding -= len(finished)
+            lines = []
+            for custom_id, result in finished:
+                if result is _CANCELLED:
+                    continue
+                lines.append(format_line(custom_id, result))
+                if result.error is None:
+                    completed += 1
+                else:
+                    failed += 1
+                self._count(result)
+            append_lines(output, lines)
+            if time.monotonic() - last_flush >= PROGRESS_INTERVAL and (completed or failed):
+                if not self.db(services.chunk_progress, chunk_id=work.chunk_id,
+                               worker=self.name, completed=completed, failed=failed):
+                    logger.warning("lost the lease of chunk %s#%s; stopping it",
+                                   work.batch_id, work.index)
+                    raise RuntimeError("chunk lease lost")
+                completed = failed = 0
+                last_flush = time.monotonic()
+        return completed, failed
+
+    @staticmethod
+    def _drain(results: queue.SimpleQueue) -> list:
+        try:
+            finished = [results.get(timeout=PROGRESS_INTERVAL)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                finished.append(results.get_nowait())
+            except queue.Empty:
+                return finished
+
+    def _count(self, result: EngineResult) -> None:
+        with self._stats_lock:
+            if result.error is None:
+                self.completed += 1
+            else:
+                self.failed_requests += 1
+            self.tokens += result.completion_tokens
+
+    # --- on the engine loop ----------------------------------------------------------------
+
+    def _start_request(self, request: EngineRequest, results: queue.SimpleQueue,
+                       tasks: set) -> None:
+        task = self.loop.create_task(self._generate(request, results))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def _generate(self, request: EngineRequest, results: queue.SimpleQueue) -> None:
+        try:
+            result = await self.engine.generate(request)
+        except asyncio.CancelledError:
+            result = _CANCELLED
+        except Exception as exc:  # an engine bug must not lose the request's slot
+            logger.exception("engine error on %s", request.request_id)
+            result = EngineResult.failure("engine_error", f"{type(exc).__name__}: {exc}")
+        finally:
+            self.slots.release()
+        results.put((request.custom_id, result))
+
+
+_runtime: InferenceRuntime | None = None
+_runtime_lock = threading.Lock()
+_runtime_wanted = False
+
+
+def want_runtime() -> None:
+    """This process is an inference worker: it will own an engine."""
+    global _runtime_wanted
+    _runtime_wanted = True
+
+
+def get_runtime() -> InferenceRuntime | None:
+    """The process's runtime, started on first use (None outside inference workers)."""
+    global _runtime
+    if _runtime is None and _runtime_wanted:
+        with _runtime_lock:
+            if _runtime is None:
+                runtime = InferenceRuntime(config=engine_config_from_settings(),
+                                           capacity=settings.BATCHGEN_MAX_POOL_SIZE)
+                runtime.start()
+                _runtime = runtime
+    return _runtime
+
+
+def stop_runtime() -> None:
+    if _runtime is not None:
+        _runtime.stop()

@@ -1,0 +1,53 @@
+"""Celery worker hooks: a worker that consumes the `inference` queue owns an engine.
+
+It always runs the threads pool, sized so that its chunks in hand can fill every
+slot: a chunk's thread waits for slots, so threads are cheap placeholders."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from celery import signals
+from django.conf import settings
+
+from batchgen_site.celery import QueueName
+
+logger = logging.getLogger("batchgen.inference")
+
+MAX_CHUNK_THREADS = 512
+
+
+def inference_concurrency() -> int:
+    chunks_to_fill = math.ceil(settings.BATCHGEN_MAX_POOL_SIZE / settings.BATCHGEN_CHUNK_SIZE)
+    # Headroom: chunks near their end hold few slots; two more keep the engine fed.
+    return min(MAX_CHUNK_THREADS, chunks_to_fill + 2)
+
+
+@signals.worker_init.connect
+def on_worker_init(sender, **kwargs):
+    if QueueName.INFERENCE.value not in sender.app.amqp.queues.consume_from:
+        return
+    if QueueName.CONTROL.value in sender.app.amqp.queues.consume_from:
+        raise RuntimeError("a worker consumes either 'inference' or 'control', not both")
+    from inference.runtime import want_runtime
+
+    want_runtime()
+    sender.pool_cls = "threads"
+    sender.concurrency = inference_concurrency()
+    logger.info("inference worker: threads pool, %s chunk threads", sender.concurrency)
+
+
+@signals.worker_ready.connect
+def on_worker_ready(sender, **kwargs):
+    if QueueName.INFERENCE.value in sender.app.amqp.queues.consume_from:
+        from inference.runtime import get_runtime
+
+        get_runtime()  # start loading the engine now, not on the first chunk
+
+
+@signals.worker_shutdown.connect
+def on_worker_shutdown(sender, **kwargs):
+    from inference.runtime import stop_runtime
+
+    stop_runtime()

@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from batchgen_site.errors import NotFound
+from batchgen_site.pagination import list_envelope_serializer
+from inference.model_info import SERVER_STARTED, served_model
+
+
+class ModelSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    object = serializers.CharField(default="model")
+    created = serializers.IntegerField()
+    owned_by = serializers.CharField(default="batchgen")
+    max_context_length = serializers.IntegerField()
+    engine = serializers.CharField()
+
+
+ModelListSerializer = list_envelope_serializer("ModelList", ModelSerializer)
+
+
+def _model() -> dict:
+    model = served_model()
+    return {"id": model.id, "object": "model", "created": SERVER_STARTED,
+            "owned_by": "batchgen", "max_context_length": model.max_context_length,
+            "engine": model.engine}
+
+
+class ModelListView(APIView):
+    @extend_schema(responses=ModelListSerializer, operation_id="models_list")
+    def get(self, request):
+        model = _model()
+        return Response({"object": "list", "data": [model], "has_more": False,
+                         "first_id": model["id"], "last_id": model["id"]})
+
+
+class ModelDetailView(APIView):
+    @extend_schema(responses=ModelSerializer, operation_id="models_retrieve")
+    def get(self, request, model_id: str):
+        model = _model()
+        if model_id != model["id"]:
+            raise NotFound(f"The model {model_id!r} does not exist; this server serves "
+                           f"{model['id']!r}.", param="model", code="model_not_found")
+        return Response(model)

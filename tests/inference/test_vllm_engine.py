@@ -1,0 +1,281 @@
+"""The vLLM engine on the real default model (SmolLM2-135M-Instruct, CPU).
+
+One engine serves the whole module, started the way an inference worker starts it:
+on an event loop running in a background thread. Generations are kept to a few
+tokens each; the CPU makes about 60 tokens/s in all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inference.engines.base import EngineConfig, EngineRequest, EngineResult
+from inference.model_prep import DEFAULT_MODEL_NAME, model_info, prepare_default_model
+
+pytestmark = pytest.mark.vllm
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+class LoopThread:
+    """An asyncio loop in a thread of its own, as the inference worker runs it."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="engine-loop")
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, Any], timeout: float = 120) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+        self.loop.close()
+
+
+class EngineHarness:
+    def __init__(self, engine: Any, loop: LoopThread) -> None:
+        self.engine = engine
+        self.loop = loop
+
+    def generate(self, request: EngineRequest) -> EngineResult:
+        return self.loop.run(self.engine.generate(request))
+
+    def generate_all(self, *requests: EngineRequest) -> list[EngineResult]:
+        async def all_at_once() -> list[EngineResult]:
+            return await asyncio.gather(*(self.engine.generate(r) for r in requests))
+
+        return self.loop.run(all_at_once())
+
+
+_ids = iter(range(1_000_000))
+
+
+def chat_request(
+    content: str, *, max_context_length: int | None = None, **params: Any
+) -> EngineRequest:
+    n = next(_ids)
+    body = {"model": "any-name", "messages": [{"role": "user", "content": content}], **params}
+    return EngineRequest(
+        request_id=f"req-{n}",
+        custom_id=f"c-{n}",
+        endpoint=CHAT,
+        body=body,
+        max_context_length=max_context_length,
+    )
+
+
+def completion_request(prompt: str, **params: Any) -> EngineRequest:
+    n = next(_ids)
+    return EngineRequest(
+        request_id=f"req-{n}",
+        custom_id=f"c-{n}",
+        endpoint=COMPLETIONS,
+        body={"model": "any-name", "prompt": prompt, **params},
+    )
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    configured = os.environ.get("BATCHGEN_TEST_MODEL_DIR")
+    target = (
+        Path(configured)
+        if configured
+        else tmp_path_factory.mktemp("models") / DEFAULT_MODEL_NAME
+    )
+    return prepare_default_model(target)
+
+
+@pytest.fixture(scope="module")
+def vllm(model_dir: Path) -> Iterator[EngineHarness]:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from inference.engines.vllm_engine import VllmEngine
+
+    served_name, _ = model_info(model_dir)
+    engine = VllmEngine(
+        EngineConfig(engine="vllm", model=str(model_dir), served_model_name=served_name)
+    )
+    loop = LoopThread()
+    started = time.monotonic()
+    try:
+        loop.run(engine.start(), timeout=600)
+        print(f"\nvLLM engine started in {time.monotonic() - started:.1f} s")
+        yield EngineHarness(engine, loop)
+    finally:
+        try:
+            loop.run(engine.shutdown(), timeout=60)
+        finally:
+            loop.close()
+
+
+def test_engine_reports_the_model_context(vllm: EngineHarness, model_dir: Path) -> None:
+    assert vllm.engine.max_context_length == model_info(model_dir)[1]
+
+
+def test_chat_body_has_the_contract_shape_and_usage_adds_up(
+    vllm: EngineHarness, model_dir: Path
+) -> None:
+    result = vllm.generate(chat_request("What is the capital of France?", max_tokens=8))
+
+    assert result.error is None
+    body = result.body
+    json.dumps(body)  # plain JSON, ready for the output line
+    assert body["object"] == "chat.completion"
+    assert body["model"] == model_info(model_dir)[0]  # not the body's "any-name"
+    (choice,) = body["choices"]
+    message = choice["message"]
+    assert message["role"] == "assistant"
+    assert isinstance(message["content"], str) and message["content"]
+    assert message["reasoning_content"] is None
+    assert message["tool_calls"] == []
+    assert choice["finish_reason"] in ("stop", "length")
+    usage = body["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert 0 < usage["completion_tokens"] <= 8
+    assert (result.prompt_tokens, result.completion_tokens) == (
+        usage["prompt_tokens"],
+        usage["completion_tokens"],
+    )
+
+
+def test_completions_body_has_the_contract_shape(vllm: EngineHarness) -> None:
+    result = vllm.generate(completion_request("The sky is", max_tokens=5))
+
+    assert result.error is None
+    body = result.body
+    json.dumps(body)
+    assert body["object"] == "text_completion"
+    (choice,) = body["choices"]
+    assert isinstance(choice["text"], str) and choice["text"]
+    assert choice["finish_reason"] in ("stop", "length")
+    usage = body["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert result.completion_tokens == usage["completion_tokens"] <= 5
+
+
+def test_default_sampling_is_greedy_and_repeatable(vllm: EngineHarness) -> None:
+    first = vllm.generate(chat_request("Name three colours.", max_tokens=12))
+    second = vllm.generate(chat_request("Name three colours.", max_tokens=12))
+
+    assert first.body["choices"][0]["message"]["content"]
+    assert (
+        first.body["choices"][0]["message"]["content"]
+        == second.body["choices"][0]["message"]["content"]
+    )
+
+
+def test_max_tokens_ends_with_finish_reason_length(vllm: EngineHarness) -> None:
+    by_max_tokens, by_max_completion_tokens = vllm.generate_all(
+        chat_request("Write a long story about a dragon.", max_tokens=3),
+        chat_request("Write a long story about a dragon.", max_completion_tokens=3),
+    )
+
+    for result in (by_max_tokens, by_max_completion_tokens):
+        assert result.body["choices"][0]["finish_reason"] == "length"
+        assert result.completion_tokens == 3
+
+
+def test_stop_string_ends_the_output_before_it(vllm: EngineHarness) -> None:
+    free = vllm.generate(completion_request("Monday, Tuesday, Wednesday,", max_tokens=12))
+    text = free.body["choices"][0]["text"]
+    stop_word = text.split()[1]  # a word the greedy output reaches after a few tokens
+
+    stopped = vllm.generate(
+        completion_request("Monday, Tuesday, Wednesday,", max_tokens=12, stop=[stop_word])
+    )
+
+    choice = stopped.body["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert choice["text"] == text[: text.index(stop_word)]
+
+
+def test_over_long_prompt_fails_alone_while_its_neighbour_succeeds(
+    vllm: EngineHarness,
+) -> None:
+    too_long, normal = vllm.generate_all(
+        chat_request("word " * 200, max_context_length=64, max_tokens=4),
+        chat_request("Say hello.", max_context_length=64, max_tokens=4),
+    )
+
+    assert too_long.body is None
+    assert too_long.error["code"] == "context_length_exceeded"
+    assert "64" in too_long.error["message"]
+    assert normal.error is None
+    assert normal.completion_tokens > 0
+
+
+def test_prompt_over_the_model_context_is_context_length_exceeded(
+    vllm: EngineHarness,
+) -> None:
+    context = vllm.engine.max_context_length
+
+    result = vllm.generate(chat_request("word " * (context + 100), max_tokens=4))
+
+    assert result.error["code"] == "context_length_exceeded"
+    assert str(context) in result.error["message"]
+
+
+def test_batch_context_cap_lowers_the_output_limit(vllm: EngineHarness) -> None:
+    prompt = "Write a long story about a dragon."
+    probe = vllm.generate(chat_request(prompt, max_tokens=1))
+
+    capped = vllm.generate(chat_request(prompt, max_context_length=probe.prompt_tokens + 3))
+
+    assert capped.completion_tokens == 3
+    assert capped.body["choices"][0]["finish_reason"] == "length"
+
+
+def test_invalid_parameters_become_error_results(vllm: EngineHarness) -> None:
+    bad_requests = [
+        chat_request("Hi", temperature=-1),
+        chat_request("Hi", max_tokens="lots"),
+        chat_request("Hi", top_p=7),
+        EngineRequest(request_id="r-x", custom_id="x", endpoint=CHAT, body={"model": "m"}),
+        EngineRequest(request_id="r-y", custom_id="y", endpoint="/v1/embeddings", body={}),
+    ]
+
+    results = vllm.generate_all(*bad_requests)
+
+    for result in results:
+        assert result.body is None
+        assert result.error["code"] == "invalid_request", result.error
+        assert result.error["message"]
+
+
+def test_cancelling_generate_aborts_the_request_in_the_engine(vllm: EngineHarness) -> None:
+    engine = vllm.engine
+    unfinished = engine._llm.output_processor.get_num_unfinished_requests
+
+    async def cancel_mid_generation() -> None:
+        task = asyncio.create_task(
+            engine.generate(chat_request("Write a long story about a dragon.", max_tokens=2000))
+        )
+        await wait_until(lambda: unfinished() == 1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert unfinished() == 0
+
+    vllm.loop.run(cancel_mid_generation())
+
+    after = vllm.generate(chat_request("Say hi.", max_tokens=3))
+    assert after.error is None
