@@ -4,6 +4,7 @@ from django.conf import settings
 from django.http import FileResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -73,7 +74,19 @@ class FileDetailView(APIView):
         return Response({"id": file_id, "object": "file", "deleted": True})
 
 
+class IgnoreClientContentNegotiation(BaseContentNegotiation):
+    """Raw bytes whatever the client accepts: the openai SDK asks for
+    `application/binary`, curl for `*/*`; an error still renders as JSON."""
+
+    def select_parser(self, request, parsers):
+        return parsers[0]
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type
+
+
 class FileContentView(APIView):
+    content_negotiation_class = IgnoreClientContentNegotiation
     @extend_schema(responses={(200, "application/octet-stream"): OpenApiResponse(
         response=OpenApiTypes.BINARY, description="The file's bytes")},
         operation_id="files_content")

@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile  # noqa: F401
+from rest_framework.test import APIClient
+
+
+@pytest.fixture(autouse=True)
+def storage(settings, tmp_path) -> Path:
+    """Every test gets its own storage path."""
+    root = tmp_path / "storage"
+    settings.STORAGE_PATH = root
+    settings.UPLOADS_DIR = root / "uploads"
+    settings.INCREMENTAL_DIR = root / "incremental"
+    settings.RUN_DIR = root / "run"
+    for path in (settings.UPLOADS_DIR, settings.INCREMENTAL_DIR, settings.RUN_DIR):
+        path.mkdir(parents=True)
+    return root
+
+
+@pytest.fixture
+def api() -> APIClient:
+    return APIClient()
+
+
+def chat_line(custom_id: str, content: str = "Hello", **body) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "m", "messages": [{"role": "user", "content": content}], **body}}
+
+
+def completion_line(custom_id: str, prompt: str = "Once upon", **body) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/completions",
+            "body": {"model": "m", "prompt": prompt, **body}}
+
+
+def jsonl(items) -> bytes:
+    return b"".join(
+        (item if isinstance(item, bytes) else json.dumps(item).encode()) + b"\n" for item in items
+    )
+
+
+@pytest.fixture
+def upload(api):
+    """Upload bytes through the API; returns the File JSON."""
+
+    def _upload(content: bytes, filename: str = "input.jsonl") -> dict:
+        from io import BytesIO
+
+        handle = BytesIO(content)
+        handle.name = filename
+        response = api.post("/v1/files", {"file": handle, "purpose": "batch"},
+                            format="multipart")
+        assert response.status_code == 200, response.content
+        return response.json()
+
+    return _upload
+
+
+@pytest.fixture
+def published(monkeypatch):
+    """Record tasks sent to the broker instead of sending them."""
+    sent: list[tuple[str, tuple]] = []
+
+    def fake_apply_async(self, args=None, kwargs=None, **options):
+        sent.append((self.name, tuple(args or ())))
+
+    from celery.app.task import Task
+
+    monkeypatch.setattr(Task, "apply_async", fake_apply_async)
+    return sent

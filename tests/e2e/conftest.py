@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.harness import Api, Server, server_env
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def start_server(tmp_path):
+    """Start `manage.py serve` with the given environment; stopped after the test."""
+    servers: list[Server] = []
+
+    def _start(*, args: list[str] | None = None, **env_options) -> tuple[Server, Api]:
+        storage = tmp_path / f"storage{len(servers)}"
+        server = Server(storage=storage, env=server_env(storage=storage, **env_options),
+                        args=args or [])
+        servers.append(server)
+        server.start()
+        return server, Api(server.base_url)
+
+    yield _start
+    for server in servers:
+        server.stop()
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "tests/e2e/" in str(item.fspath):
+            item.add_marker(pytest.mark.e2e)

@@ -1,0 +1,15 @@
+"""Settings for the in-process tests: the real settings, with an in-memory broker
+(tests inspect what was published instead of running workers) and the simulated
+engine. End-to-end tests start real processes with batchgen_site.settings."""
+
+import os
+import tempfile
+
+os.environ.setdefault("BATCHGEN_STORAGE_PATH", tempfile.mkdtemp(prefix="batchgen-test-"))
+os.environ.setdefault("BATCHGEN_ENGINE", "simulated")
+
+from batchgen_site.settings import *  # noqa: E402,F403
+
+CELERY_BROKER_URL = "memory://"
+BATCHGEN_EMBEDDED_BROKER = False
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
