@@ -13,6 +13,7 @@ errors of `batchgen.errors`, re-exported here.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 from collections.abc import Callable, Iterator
@@ -74,7 +75,12 @@ TERMINAL_STATUSES = FAILED_STATUSES | {"completed"}
 # downloads), but an unreachable host should not hang the caller.
 _CONNECT_TIMEOUT_S = 10.0
 
+# How long a wait keeps polling through an unreachable or unavailable server.
+_POLL_OUTAGE_S = 120.0
+_TRANSIENT_STATUSES = frozenset({502, 503, 504})
+
 PathLike = str | os.PathLike[str]
+logger = logging.getLogger("batchgen")
 
 
 class BatchGenHttpClient:
@@ -97,7 +103,7 @@ class BatchGenHttpClient:
         base_url = base_url.removesuffix("/v1")
         self.base_url = base_url
         api_key = api_key if api_key is not None else os.environ.get("BATCHGEN_API_KEY")
-        headers = {"User-Agent": f"batchgen-client/{__version__}", "Accept": "application/json"}
+        headers = {"User-Agent": f"batchgen-client/{__version__}"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         if timeout_s is None:
@@ -366,20 +372,39 @@ class BatchGenHttpClient:
 
     def _poll(self, batch_id: str, poll_interval: float, timeout: float | None) -> Iterator[dict]:
         """Batch snapshots, `poll_interval` apart, forever; WaitTimeoutError once
-        `timeout` seconds have passed. The consumer stops when it has seen enough."""
+        `timeout` seconds have passed. The consumer stops when it has seen enough.
+
+        A wait may last a day, so it rides out a short outage (a server restart, a
+        proxy hiccup): unreachable server or 502/503/504 answers are polled through
+        for up to `_POLL_OUTAGE_S`, then the last error is raised.
+        """
         if poll_interval < 0:
             raise ValueError("poll_interval must be >= 0")
         deadline = None if timeout is None else _clock.monotonic() + timeout
+        batch: dict | None = None
+        outage_since: float | None = None
         while True:
-            batch = self.get_batch(batch_id)
-            yield batch
+            try:
+                batch = self.get_batch(batch_id)
+            except (APIConnectionError, ServerError) as exc:
+                if isinstance(exc, ServerError) and exc.status_code not in _TRANSIENT_STATUSES:
+                    raise
+                now = _clock.monotonic()
+                outage_since = now if outage_since is None else outage_since
+                if now - outage_since >= _POLL_OUTAGE_S:
+                    raise
+                logger.warning("polling %s failed (%s); trying again", batch_id, exc)
+            else:
+                outage_since = None
+                yield batch
             if deadline is None:
                 _clock.sleep(poll_interval)
                 continue
             remaining = deadline - _clock.monotonic()
             if remaining <= 0:
+                status = batch.get("status") if batch else "unknown"
                 raise WaitTimeoutError(
-                    f"batch {batch_id} still {batch.get('status')} after {timeout} s", batch=batch
+                    f"batch {batch_id} still {status} after {timeout} s", batch=batch
                 )
             _clock.sleep(min(poll_interval, remaining))
 

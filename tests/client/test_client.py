@@ -128,19 +128,19 @@ def test_download_file_content_returns_bytes(stub, client):
     assert client.download_file_content("file-out") == result_line("a")
 
 
-def test_download_to_writes_the_file_and_leaves_no_temporary(stub, client, tmp_path):
+def test_download_to_writes_the_file_and_leaves_no_temporary(stub, client, download_dir):
     content = b"".join(result_line(str(i)) for i in range(100))
     stub.on("GET", "/v1/files/file-out/content", Reply(body=content))
 
-    path = client.download_to("file-out", tmp_path / "out.jsonl")
+    path = client.download_to("file-out", download_dir / "out.jsonl")
 
-    assert path == tmp_path / "out.jsonl"
+    assert path == download_dir / "out.jsonl"
     assert path.read_bytes() == content
-    assert [p.name for p in tmp_path.iterdir()] == ["out.jsonl"]
+    assert [p.name for p in download_dir.iterdir()] == ["out.jsonl"]
 
 
-def test_download_to_keeps_the_old_file_when_the_stream_breaks(stub, client, tmp_path):
-    target = tmp_path / "out.jsonl"
+def test_download_to_keeps_the_old_file_when_the_stream_breaks(stub, client, download_dir):
+    target = download_dir / "out.jsonl"
     target.write_bytes(b"previous\n")
     # Announces 1000 bytes, sends 10 and hangs up.
     stub.on("GET", "/v1/files/file-out/content",
@@ -150,14 +150,22 @@ def test_download_to_keeps_the_old_file_when_the_stream_breaks(stub, client, tmp
         client.download_to("file-out", target)
 
     assert target.read_bytes() == b"previous\n"
-    assert [p.name for p in tmp_path.iterdir()] == ["out.jsonl"]
+    assert [p.name for p in download_dir.iterdir()] == ["out.jsonl"]
 
 
-def test_download_to_of_a_missing_file_creates_nothing(stub, client, tmp_path):
+def test_download_to_of_a_missing_file_creates_nothing(stub, client, download_dir):
     with pytest.raises(NotFoundError):
-        client.download_to("file-nope", tmp_path / "out.jsonl")
+        client.download_to("file-nope", download_dir / "out.jsonl")
 
-    assert list(tmp_path.iterdir()) == []
+    assert list(download_dir.iterdir()) == []
+
+
+@pytest.fixture
+def download_dir(tmp_path):
+    """A directory only the download holds (other fixtures may write to tmp_path)."""
+    path = tmp_path / "downloads"
+    path.mkdir()
+    return path
 
 
 # -- batches -------------------------------------------------------------------------------
@@ -351,6 +359,47 @@ def test_wait_for_batch_times_out_with_timeout_error(stub, client, clock):
     # Polls at 0, 4, 8 and (cut short) 10 s, then gives up.
     assert clock.sleeps == [4.0, 4.0, 2.0]
     assert len(stub.requests) == 4
+
+
+def test_wait_for_batch_rides_out_a_short_outage(stub, client, clock):
+    stub.on("GET", "/v1/batches/batch_1",
+            Reply(json=make_batch()),
+            error(503, "restarting", type="server_error"),
+            Reply(502, body=b"Bad Gateway"),
+            Reply(json=make_batch(status="completed", output_file_id="file-out")))
+
+    batch = client.wait_for_batch("batch_1", poll_interval=5.0)
+
+    assert batch["status"] == "completed"
+    assert clock.sleeps == [5.0, 5.0, 5.0]
+
+
+def test_wait_for_batch_gives_up_after_two_minutes_of_outage(stub, client, clock):
+    stub.on("GET", "/v1/batches/batch_1",
+            Reply(json=make_batch()), error(503, "down", type="server_error"))
+
+    with pytest.raises(ServerError, match="down"):
+        client.wait_for_batch("batch_1", poll_interval=30.0)
+
+    # One good poll, then failures at 30, 60, 90, 120 and 150 s: 120 s after the first.
+    assert clock.sleeps == [30.0] * 5
+
+
+def test_wait_for_batch_does_not_poll_through_other_errors(stub, client, clock):
+    stub.on("GET", "/v1/batches/batch_1", error(500, "bug", type="server_error"))
+
+    with pytest.raises(ServerError, match="bug"):
+        client.wait_for_batch("batch_1")
+
+    assert clock.sleeps == []
+
+
+def test_wait_for_batch_polls_through_an_unreachable_server(free_port, clock):
+    with BatchGenHttpClient(f"http://127.0.0.1:{free_port}") as client:
+        with pytest.raises(APIConnectionError):
+            client.wait_for_batch("batch_1", poll_interval=60.0)
+
+    assert clock.sleeps == [60.0, 60.0]
 
 
 def test_wait_for_batch_progress_bar_shows_finished_requests(stub, client, capsys):
