@@ -98,8 +98,8 @@ def _fit_context(serving: Any, request: Any, engine_inputs: list, field: str) ->
     prompt_len = max(extract_prompt_len(model_config, prompt) for prompt in engine_inputs)
     if prompt_len >= limit:
         raise PromptTooLong(prompt_len, limit)
-    if _context_cap.get() is None:
-        return  # vLLM's own clamp to max_model_len - prompt is the right one
+    # A batch-level max_decoding_length larger than what the context leaves is a
+    # ceiling, not an error: lower it to the room left after the prompt.
     room = limit - prompt_len
     requested = getattr(request, field)
     if field == "max_completion_tokens" and requested is None:
@@ -180,6 +180,12 @@ class VllmEngine(Engine):
         # spawn it; vLLM's CPU platform forces spawn anyway.
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        # vLLM's engine sockets beside the worker's other run files, not in /tmp.
+        rpc_dir = os.environ.get("BATCHGEN_STORAGE_PATH")
+        if rpc_dir:
+            run_dir = os.path.join(rpc_dir, "run")
+            os.makedirs(run_dir, exist_ok=True)
+            os.environ.setdefault("VLLM_RPC_BASE_PATH", run_dir)
         engine_args = self.engine_args()
         vllm_config = engine_args.create_engine_config(
             usage_context=UsageContext.OPENAI_BATCH_RUNNER

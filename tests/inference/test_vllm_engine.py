@@ -98,9 +98,7 @@ async def wait_until(condition: Callable[[], bool], timeout: float = 60) -> None
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     configured = os.environ.get("BATCHGEN_TEST_MODEL_DIR")
     target = (
-        Path(configured)
-        if configured
-        else tmp_path_factory.mktemp("models") / DEFAULT_MODEL_NAME
+        Path(configured) if configured else tmp_path_factory.mktemp("models") / DEFAULT_MODEL_NAME
     )
     return prepare_default_model(target)
 
