@@ -12,12 +12,13 @@ def start_server(tmp_path):
     """Start `manage.py serve` with the given environment; stopped after the test."""
     servers: list[Server] = []
 
-    def _start(*, args: list[str] | None = None, **env_options) -> tuple[Server, Api]:
+    def _start(*, args: list[str] | None = None, ready_timeout: float = 120,
+               **env_options) -> tuple[Server, Api]:
         storage = tmp_path / f"storage{len(servers)}"
         server = Server(storage=storage, env=server_env(storage=storage, **env_options),
                         args=args or [])
         servers.append(server)
-        server.start()
+        server.start(ready_timeout=ready_timeout)
         return server, Api(server.base_url)
 
     yield _start

@@ -72,7 +72,10 @@ class Server:
             except httpx.HTTPError:
                 return False
 
-        wait_until(healthy, timeout=timeout, interval=0.5, message="/health to answer 200")
+        try:
+            wait_until(healthy, timeout=timeout, interval=0.5, message="/health to answer 200")
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}\n--- serve log ---\n{self.log()}") from None
 
     def log(self, tail: int = 80) -> str:
         if not self.log_path or not self.log_path.exists():

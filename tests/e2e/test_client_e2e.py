@@ -1,0 +1,135 @@
+"""The user's guide, run as written against a real server, and the same flow with
+the official openai SDK."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import openai
+import pytest
+
+from batchgen.batchgen_client import BatchGenHttpClient
+from tests.e2e.harness import ROOT, chat_lines, output_ids
+
+
+@pytest.fixture
+def server(start_server):
+    srv, api = start_server(BATCHGEN_SIM_LATENCY_MS="20")
+    return srv
+
+
+def run_guide_code(code: str, base_url: str, workdir) -> None:
+    """Run a snippet of the user's guide in a fresh interpreter, as a user would."""
+    code = code.replace("http://localhost:10900", base_url)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=workdir,
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_quick_start_one_liner_as_written(server, tmp_path):
+    (tmp_path / "input.jsonl").write_bytes(chat_lines(20))
+    stdout = run_guide_code('''
+        from batchgen.batchgen_client import BatchGenHttpClient
+
+        client = BatchGenHttpClient("http://localhost:10900")
+
+        # One-liner: upload -> create -> wait -> download
+        batch = client.submit_batch(
+            input_file_path="input.jsonl",
+            output_file_path="output.jsonl",
+            max_decoding_length=4096,
+        )
+        print(f"Status: {batch['status']}")  # "completed"
+    ''', server.base_url, tmp_path)
+    assert "Status: completed" in stdout
+    ids = output_ids((tmp_path / "output.jsonl").read_bytes())
+    assert sorted(ids) == sorted(f"req-{i}" for i in range(20))
+
+
+def test_step_by_step_as_written(server, tmp_path):
+    (tmp_path / "input.jsonl").write_bytes(chat_lines(10))
+    stdout = run_guide_code('''
+        from batchgen.batchgen_client import BatchGenHttpClient
+
+        client = BatchGenHttpClient("http://localhost:10900")
+        # 1. Upload input file
+        file_obj = client.upload_file("input.jsonl", purpose="batch")
+        print(f"File ID: {file_obj['id']}")
+
+        # 2. Create batch
+        batch = client.create_batch(
+            input_file_id=file_obj["id"],
+            endpoint="/v1/chat/completions",
+            max_decoding_length=4096,
+            temperature=0.7,
+        )
+        print(f"Batch ID: {batch['id']}, Status: {batch['status']}")
+
+        # 3. Poll until complete
+        batch = client.wait_for_batch(batch["id"], poll_interval=10.0)
+
+        # 4. Download results
+        content = client.download_file_content(batch["output_file_id"])
+        with open("output.jsonl", "wb") as f:
+            f.write(content)
+    ''', server.base_url, tmp_path)
+    assert "Status: validating" in stdout
+    lines = [json.loads(line) for line in (tmp_path / "output.jsonl").read_bytes().splitlines()]
+    assert len(lines) == 10 and all(line["response"]["status_code"] == 200 for line in lines)
+
+
+def test_openai_sdk_batch_flow(server, tmp_path):
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
+    path = tmp_path / "input.jsonl"
+    path.write_bytes(chat_lines(15))
+    input_file = client.files.create(file=path.open("rb"), purpose="batch")
+
+    batch = client.batches.create(input_file_id=input_file.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h", metadata={"team": "sdk"})
+    assert batch.status == "validating" and batch.metadata == {"team": "sdk"}
+    assert client.batches.retrieve(batch.id).id == batch.id
+    assert batch.id in [b.id for b in client.batches.list(limit=5).data]
+
+    bc = BatchGenHttpClient(server.base_url)
+    done = bc.wait_for_batch(batch.id, poll_interval=0.2, timeout=120)
+    finished = client.batches.retrieve(batch.id)
+    assert finished.status == "completed" == done["status"]
+    assert finished.request_counts.completed == 15
+    content = client.files.content(finished.output_file_id).read()
+    assert sorted(output_ids(content)) == sorted(f"req-{i}" for i in range(15))
+
+    # Cancel through the SDK: a second, slow batch on another file.
+    slow = tmp_path / "slow.jsonl"
+    slow.write_bytes(chat_lines(2000, prefix="slow"))
+    slow_file = client.files.create(file=slow.open("rb"), purpose="batch")
+    second = client.batches.create(input_file_id=slow_file.id,
+                                   endpoint="/v1/chat/completions", completion_window="24h")
+    cancelled = client.batches.cancel(second.id)
+    assert cancelled.status in ("cancelling", "cancelled")
+    with pytest.raises(RuntimeError):
+        bc.wait_for_batch(second.id, poll_interval=0.2, timeout=120)
+    assert client.batches.retrieve(second.id).status == "cancelled"
+
+
+def test_cli_submit_and_tail(server, tmp_path):
+    (tmp_path / "input.jsonl").write_bytes(chat_lines(30))
+    env = {**os.environ, "BATCHGEN_BASE_URL": server.base_url, "PYTHONPATH": str(ROOT)}
+    submit = subprocess.run(
+        [sys.executable, "-m", "batchgen", "submit", "input.jsonl", "-o", "output.jsonl",
+         "--poll-interval", "0.2"], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=300)
+    assert submit.returncode == 0, submit.stderr
+    assert len(output_ids((tmp_path / "output.jsonl").read_bytes())) == 30
+    listed = subprocess.run([sys.executable, "-m", "batchgen", "list", "--json"], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=60)
+    batch_id = json.loads(listed.stdout)["data"][0]["id"]
+    tail = subprocess.run([sys.executable, "-m", "batchgen", "tail", batch_id], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert tail.returncode == 0, tail.stderr
+    assert sum('"custom_id"' in line for line in tail.stdout.splitlines()) == 30

@@ -1,0 +1,60 @@
+"""The Files API over real HTTP: the official openai SDK, and a client that hangs
+up mid-upload."""
+
+from __future__ import annotations
+
+import socket
+
+import openai
+import pytest
+
+from tests.e2e.harness import chat_lines, wait_until
+
+
+@pytest.fixture
+def server(start_server):
+    return start_server()
+
+
+def test_openai_sdk_files_round_trip(server, tmp_path):
+    srv, api = server
+    client = openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="unused")
+    path = tmp_path / "input.jsonl"
+    path.write_bytes(chat_lines(3))
+
+    created = client.files.create(file=path.open("rb"), purpose="batch")
+    assert created.id.startswith("file-") and created.bytes == path.stat().st_size
+    assert created.purpose == "batch" and created.filename == "input.jsonl"
+
+    listed = client.files.list(purpose="batch")
+    assert [f.id for f in listed.data] == [created.id]
+    assert client.files.retrieve(created.id).bytes == created.bytes
+    assert client.files.content(created.id).read() == path.read_bytes()
+
+    deleted = client.files.delete(created.id)
+    assert deleted.deleted is True and deleted.id == created.id
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(created.id)
+
+
+def test_client_disconnect_mid_upload_leaves_nothing(server):
+    srv, api = server
+    boundary = "batchgenboundary"
+    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; "
+            f"filename=\"big.jsonl\"\r\nContent-Type: application/jsonl\r\n\r\n").encode()
+    declared = len(head) + 50 * 1024 * 1024
+    with socket.create_connection(("127.0.0.1", srv.port)) as sock:
+        sock.sendall((f"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                      f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
+                      f"Content-Length: {declared}\r\n\r\n").encode() + head)
+        for _ in range(64):  # 4 MiB of the promised 50 MiB, then hang up
+            sock.sendall(b"x" * 65536)
+        partials = srv.storage / "uploads"
+        wait_until(lambda: any(partials.glob(".partial-*")), timeout=30,
+                   message="the upload to start streaming to disk")
+    # The server notices the hang-up, drops the partial bytes and records nothing.
+    wait_until(lambda: not any(partials.glob(".partial-*")), timeout=60,
+               message="the partial upload to be removed")
+    assert api.http.get("/v1/files").json()["data"] == []
+    assert list(partials.iterdir()) == []

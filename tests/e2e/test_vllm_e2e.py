@@ -1,0 +1,98 @@
+"""The real vLLM engine with the bundled SmolLM2-135M-Instruct, end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import wait_until
+
+pytestmark = pytest.mark.vllm
+
+QUESTIONS = ["What is the capital of France?", "Name a primary colour.", "What is 2 + 2?"]
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    path = os.environ.get("BATCHGEN_TEST_MODEL_DIR")
+    if not path or not (Path(path) / "config.json").exists():
+        pytest.fail("BATCHGEN_TEST_MODEL_DIR must name the prepared default model "
+                    "(`make test` prepares it)")
+    return Path(path)
+
+
+def chat_input(long_prompt: str) -> bytes:
+    lines = [{"custom_id": f"chat-{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "SmolLM2-135M-Instruct", "max_tokens": 24,
+                       "messages": [{"role": "user", "content": q}]}}
+             for i, q in enumerate(QUESTIONS)]
+    lines.append({"custom_id": "too-long", "method": "POST", "url": "/v1/chat/completions",
+                  "body": {"model": "SmolLM2-135M-Instruct", "max_tokens": 8,
+                           "messages": [{"role": "user", "content": long_prompt}]}})
+    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+
+
+def completion_input() -> bytes:
+    prompts = ["The capital of France is", "Once upon a time"]
+    return b"".join(json.dumps({
+        "custom_id": f"cmpl-{i}", "method": "POST", "url": "/v1/completions",
+        "body": {"model": "SmolLM2-135M-Instruct", "prompt": p, "max_tokens": 12}}).encode()
+        + b"\n" for i, p in enumerate(prompts))
+
+
+def run_batch(api, content: bytes, endpoint: str) -> dict[str, dict]:
+    file_id = api.upload(content)["id"]
+    created = api.create_batch(file_id, endpoint=endpoint)
+    assert created.status_code == 200, created.text
+    done = api.wait_status(created.json()["id"], {"completed", "failed", "cancelled"},
+                           timeout=600)
+    assert done["status"] == "completed", done
+    lines = [json.loads(line) for line in api.content(done["output_file_id"]).splitlines()]
+    return {line["custom_id"]: line for line in lines}, done
+
+
+def test_real_engine_chat_and_completions(start_server, model_dir):
+    server, api = start_server(engine="vllm", ready_timeout=300, BATCHGEN_MODEL=str(model_dir),
+                               BATCHGEN_MAX_CONTEXT_LENGTH="512", BATCHGEN_MAX_POOL_SIZE="64")
+    wait_until(lambda: api.http.get("/v1/models").json()["data"], timeout=30)
+    model = api.http.get("/v1/models").json()["data"][0]
+    assert model["id"] == "SmolLM2-135M-Instruct" and model["max_context_length"] == 512
+
+    long_prompt = "word " * 2000
+    first, batch = run_batch(api, chat_input(long_prompt), "/v1/chat/completions")
+    assert batch["request_counts"] == {"total": 4, "completed": 3, "failed": 1}
+    assert first["too-long"]["response"] is None
+    assert first["too-long"]["error"]["code"] == "context_length_exceeded"
+    for i in range(len(QUESTIONS)):
+        line = first[f"chat-{i}"]
+        assert line["error"] is None and line["response"]["status_code"] == 200
+        body = line["response"]["body"]
+        assert body["object"] == "chat.completion" and body["model"] == model["id"]
+        choice = body["choices"][0]
+        assert choice["message"]["role"] == "assistant"
+        assert choice["message"]["content"].strip(), "empty answer"
+        assert choice["finish_reason"] in ("stop", "length")
+        usage = body["usage"]
+        assert 0 < usage["completion_tokens"] <= 24
+        assert usage["prompt_tokens"] > len(QUESTIONS[i].split())  # the chat template adds tokens
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert "paris" in first["chat-0"]["response"]["body"]["choices"][0]["message"][
+        "content"].lower()
+
+    # Greedy decoding by default: a second run gives identical text.
+    second, _ = run_batch(api, chat_input(long_prompt), "/v1/chat/completions")
+    for i in range(len(QUESTIONS)):
+        assert (second[f"chat-{i}"]["response"]["body"]["choices"][0]["message"]["content"]
+                == first[f"chat-{i}"]["response"]["body"]["choices"][0]["message"]["content"])
+
+    completions, batch = run_batch(api, completion_input(), "/v1/completions")
+    assert batch["request_counts"]["completed"] == 2
+    for line in completions.values():
+        body = line["response"]["body"]
+        assert body["object"] == "text_completion"
+        assert body["choices"][0]["text"].strip()
+        assert body["usage"]["completion_tokens"] <= 12
+        assert body["choices"][0]["finish_reason"] in ("stop", "length")
