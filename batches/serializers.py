@@ -56,6 +56,10 @@ class BatchListInputSerializer(serializers.Serializer):
     after = serializers.CharField(required=False, max_length=64)
 
 
+class BatchOutputInputSerializer(serializers.Serializer):
+    offset = serializers.IntegerField(min_value=0, default=0)
+
+
 class RequestCountsSerializer(serializers.Serializer):
     total = serializers.IntegerField()
     completed = serializers.IntegerField()

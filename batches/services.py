@@ -23,6 +23,7 @@ from batches.validation import validate_file
 from batchgen_site.errors import BatchGenError, CapacityFull, NotFound
 from batchgen_site.ids import new_id
 from files import storage
+from files.incremental import repair_tail
 from files.models import File, FilePurpose
 from files.services import file_register_output
 
@@ -208,8 +209,8 @@ def batch_cancel(*, batch_id: str) -> Batch:
     capacity returned at once; running ones are aborted by their workers, after which
     the batch becomes `cancelled` with its partial output."""
     batch = batch_get(batch_id=batch_id)
-    if batch.status in (S.CANCELLING, S.CANCELLED):
-        return batch
+    if batch.status == S.CANCELLING:
+        return batch  # a repeated request while the running chunks stop
     if batch.status == S.VALIDATING:
         # Nothing is queued yet: the validator sees the status and stops.
         if batch_transition(batch_id=batch_id, to=S.CANCELLED):
@@ -267,6 +268,8 @@ def batch_finalize(*, batch_id: str) -> Batch:
     with transaction.atomic():
         batch = Batch.objects.select_for_update().get(id=batch_id)
         if batch.output_file_id is None and batch.in_progress_at is not None:
+            # No chunk is open, so a torn last line is a dead writer's, never a result.
+            repair_tail(storage.absolute(storage.incremental_name(batch_id)))
             batch.output_file = file_register_output(batch_id=batch_id)
             batch.save(update_fields=["output_file"])
     if batch.status == S.FINALIZING:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -9,10 +11,15 @@ from batches.serializers import (
     BatchCreateInputSerializer,
     BatchListInputSerializer,
     BatchListSerializer,
+    BatchOutputInputSerializer,
     BatchOutputSerializer,
     PoolStatusSerializer,
 )
+from batchgen_site.errors import BatchGenError
 from batchgen_site.pagination import list_page
+from files import storage
+from files.incremental import read_range, whole_lines_end
+from files.views import IgnoreClientContentNegotiation
 from inference.model_info import served_model
 
 
@@ -45,6 +52,32 @@ class BatchCancelView(APIView):
     @extend_schema(request=None, responses=BatchOutputSerializer, operation_id="batches_cancel")
     def post(self, request, batch_id: str):
         return Response(BatchOutputSerializer(services.batch_cancel(batch_id=batch_id)).data)
+
+
+class BatchOutputView(APIView):
+    """The batch's incremental file while it runs: whole lines from a byte offset,
+    so a client can follow results (`batchgen tail`) without waiting for the end."""
+
+    content_negotiation_class = IgnoreClientContentNegotiation
+
+    @extend_schema(parameters=[BatchOutputInputSerializer],
+                   responses={(200, "application/x-ndjson"): OpenApiTypes.BINARY},
+                   operation_id="batches_output")
+    def get(self, request, batch_id: str):
+        batch = services.batch_get(batch_id=batch_id)
+        params = BatchOutputInputSerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        offset = params.validated_data["offset"]
+        path = storage.absolute(storage.incremental_name(batch.id))
+        end = whole_lines_end(path)
+        if offset > end:
+            raise BatchGenError(f"offset {offset} is past the {end} bytes written so far.",
+                                param="offset")
+        response = StreamingHttpResponse(read_range(path, offset, end) if end > offset else [],
+                                         content_type="application/x-ndjson")
+        response["X-Next-Offset"] = str(end)
+        response["X-Batch-Status"] = batch.status
+        return response
 
 
 class PoolStatusView(APIView):

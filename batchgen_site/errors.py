@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 
 from django.core.exceptions import RequestDataTooBig
-from django.http import Http404, JsonResponse
+from django.http import Http404, JsonResponse, UnreadablePostError
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
@@ -102,6 +102,9 @@ def openai_exception_handler(exc, context) -> Response:
         exc.status_code = 413
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
+    if isinstance(exc, UnreadablePostError):
+        # The client stopped sending mid-body (disconnect, timeout): its fault, not ours.
+        exc = exceptions.ParseError(f"The request body could not be read completely: {exc}")
     response = exception_handler(exc, context)
     if response is None:
         logger.exception("unhandled error in %s", context.get("view"))

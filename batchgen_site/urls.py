@@ -1,8 +1,14 @@
 from django.contrib import admin
 from django.urls import path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
-from batches.views import BatchCancelView, BatchDetailView, BatchListCreateView, PoolStatusView
+from batches.views import (
+    BatchCancelView,
+    BatchDetailView,
+    BatchListCreateView,
+    BatchOutputView,
+    PoolStatusView,
+)
 from batchgen_site.health import HealthView
 from files.views import FileContentView, FileDetailView, FileListCreateView
 from inference.views import ModelDetailView, ModelListView
@@ -17,8 +23,9 @@ urlpatterns = [
     path("v1/batches", BatchListCreateView.as_view(), name="batch-list"),
     path("v1/batches/<str:batch_id>", BatchDetailView.as_view(), name="batch-detail"),
     path("v1/batches/<str:batch_id>/cancel", BatchCancelView.as_view(), name="batch-cancel"),
+    path("v1/batches/<str:batch_id>/output", BatchOutputView.as_view(), name="batch-output"),
     path("v1/pool/status", PoolStatusView.as_view(), name="pool-status"),
-    path("v1/openapi.json", SpectacularAPIView.as_view(), name="openapi"),
+    path("v1/openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
     path("docs", SpectacularSwaggerView.as_view(url_name="openapi"), name="docs"),
     path("admin/", admin.site.urls),
 ]

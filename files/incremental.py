@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,20 +20,29 @@ from pathlib import Path
 import orjson
 
 _BLOCK = 64 * 1024
+# POSIX record locks belong to the process, so they do not exclude the threads of one
+# worker, which runs several chunks of a batch at once. These do (striped by path:
+# bounded memory, and a holder only ever takes one).
+_THREAD_LOCKS = tuple(threading.Lock() for _ in range(64))
+
+
+def _thread_lock(path: Path) -> threading.Lock:
+    return _THREAD_LOCKS[hash(os.path.abspath(path)) % len(_THREAD_LOCKS)]
 
 
 @contextmanager
 def locked(path: Path) -> Iterator[int]:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX)
+    with _thread_lock(path):
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            yield fd
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+            try:
+                yield fd
+            finally:
+                fcntl.lockf(fd, fcntl.LOCK_UN)
         finally:
-            fcntl.lockf(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+            os.close(fd)
 
 
 def _repair(fd: int) -> int:
@@ -101,3 +111,33 @@ def scan_results(path: Path, custom_ids: set[str]) -> dict[str, bool]:
             if custom_id in custom_ids:
                 found[custom_id] = item.get("error") is None
     return found
+
+
+def whole_lines_end(path: Path) -> int:
+    """The byte length of the file's whole lines (a torn or in-flight tail excluded)."""
+    if not path.exists():
+        return 0
+    with path.open("rb") as fh:
+        end = fh.seek(0, os.SEEK_END)
+        while end > 0:
+            start = max(0, end - _BLOCK)
+            fh.seek(start)
+            block = fh.read(end - start)
+            cut = block.rfind(b"\n")
+            if cut >= 0:
+                return start + cut + 1
+            end = start
+    return 0
+
+
+def read_range(path: Path, start: int, end: int) -> Iterator[bytes]:
+    """Stream [start, end) of a file in bounded blocks."""
+    with path.open("rb") as fh:
+        fh.seek(start)
+        remaining = end - start
+        while remaining > 0:
+            block = fh.read(min(remaining, 1024 * 1024))
+            if not block:
+                return
+            remaining -= len(block)
+            yield block

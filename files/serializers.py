@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from batchgen_site.pagination import list_envelope_serializer
 from files.models import File, FilePurpose
 
 
+@extend_schema_field(OpenApiTypes.INT)
 class UnixTimestampField(serializers.Field):
     def to_representation(self, value):
         return int(value.timestamp()) if value is not None else None

@@ -1,0 +1,48 @@
+"""Batches in a chosen state, made through the services the API uses."""
+
+from __future__ import annotations
+
+import pytest
+
+from batches import services
+from batches.intake import intake_reserved
+from batches.models import Batch
+from tests.conftest import chat_line, jsonl
+
+
+@pytest.fixture
+def create_batch(upload, published):
+    """Upload `lines` and create a batch on them (status validating). The validation
+    task is recorded by `published`, not run."""
+
+    def _create(lines=None, *, content: bytes | None = None, **options) -> Batch:
+        if content is None:
+            content = jsonl(lines if lines is not None else [chat_line("a")])
+        file = upload(content)
+        options.setdefault("endpoint", "/v1/chat/completions")
+        options.setdefault("model", "test-model")
+        return services.batch_create(input_file_id=file["id"], **options)
+
+    return _create
+
+
+@pytest.fixture
+def running_batch(create_batch, settings, django_capture_on_commit_callbacks):
+    """A batch validated and enqueued: `requests` chat lines in chunks of
+    `chunk_size`, every chunk queued and published."""
+
+    def _running(requests: int = 5, *, chunk_size: int = 2, **options) -> Batch:
+        settings.BATCHGEN_CHUNK_SIZE = chunk_size
+        batch = create_batch([chat_line(f"req-{i}") for i in range(requests)], **options)
+        with django_capture_on_commit_callbacks(execute=True):
+            batch = services.batch_validate(batch_id=batch.id)
+        assert batch.status == "in_progress", batch.error
+        return batch
+
+    return _running
+
+
+@pytest.fixture
+def reserved():
+    """The IntakePool's reservation now."""
+    return intake_reserved

@@ -1,0 +1,437 @@
+"""The Batches API: create, list, retrieve, cancel, and /v1/pool/status."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, IntakePool
+from files.models import File, FilePurpose
+from inference.model_info import served_model
+from inference.models import Worker
+from tests.conftest import chat_line, jsonl
+from tests.files.test_api import assert_envelope
+
+pytestmark = pytest.mark.django_db
+
+CONTENT = jsonl([chat_line("a"), chat_line("b")])
+TIMESTAMP_FIELDS = ("in_progress_at", "started_at", "finalizing_at", "completed_at",
+                    "failed_at", "cancelling_at", "cancelled_at")
+PARAM_FIELDS = ("max_decoding_length", "max_context_length", "temperature", "top_p", "top_k")
+
+
+@pytest.fixture
+def input_file(upload) -> dict:
+    return upload(CONTENT)
+
+
+def create(api, **body):
+    return api.post("/v1/batches", body, format="json")
+
+
+# --- create ---------------------------------------------------------------------------
+
+
+def test_create_with_defaults_returns_a_validating_batch_with_every_field(
+        api, input_file, published):
+    response = create(api, input_file_id=input_file["id"])
+
+    assert response.status_code == 200, response.content
+    batch = response.json()
+    assert batch["id"].startswith("batch_")
+    assert batch["object"] == "batch"
+    assert batch["endpoint"] == "/v1/chat/completions"
+    assert batch["model"] == served_model().id
+    assert batch["input_file_id"] == input_file["id"]
+    assert batch["output_file_id"] is None
+    assert batch["error_file_id"] is None
+    assert batch["completion_window"] == "24h"
+    assert batch["status"] == "validating"
+    assert isinstance(batch["created_at"], int)
+    assert isinstance(batch["expires_at"], int)
+    for field in TIMESTAMP_FIELDS:
+        assert batch[field] is None, field
+    assert batch["request_counts"] == {"total": 0, "completed": 0, "failed": 0}
+    assert batch["error"] is None
+    assert batch["errors"] is None
+    assert batch["metadata"] is None
+    for field in PARAM_FIELDS:
+        assert batch[field] is None, field
+
+
+def test_create_sets_expiry_to_the_24h_completion_window(api, input_file, published):
+    batch = create(api, input_file_id=input_file["id"]).json()
+
+    row = Batch.objects.get(id=batch["id"])
+    assert abs(row.expires_at - row.created_at - timedelta(hours=24)) < timedelta(seconds=1)
+    assert batch["expires_at"] - batch["created_at"] in (86_399, 86_400)
+
+
+def test_create_echoes_batch_level_parameters_and_metadata(api, input_file, published):
+    body = {"input_file_id": input_file["id"], "endpoint": "/v1/completions",
+            "metadata": {"team": "search", "run": ""}, "max_decoding_length": 64,
+            "max_context_length": 512, "temperature": 0.7, "top_p": 0.9, "top_k": 40}
+
+    batch = create(api, **body).json()
+
+    assert batch["endpoint"] == "/v1/completions"
+    assert batch["metadata"] == {"team": "search", "run": ""}
+    assert {field: batch[field] for field in PARAM_FIELDS} == {
+        "max_decoding_length": 64, "max_context_length": 512, "temperature": 0.7,
+        "top_p": 0.9, "top_k": 40}
+
+
+def test_create_publishes_validation_only_after_commit(
+        api, input_file, published, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks() as callbacks:
+        batch = create(api, input_file_id=input_file["id"]).json()
+
+    assert published == []  # nothing left while the transaction was open
+    for callback in callbacks:
+        callback()
+    assert published == [("batches.validate_batch", (batch["id"],))]
+
+
+def test_create_on_an_unknown_file_is_400(api, published):
+    response = create(api, input_file_id="file-nope")
+
+    assert_envelope(response, 400, param="input_file_id", code="invalid_input_file")
+    assert Batch.objects.count() == 0
+
+
+def test_create_on_a_file_that_is_not_a_batch_input_is_400(api, storage, published):
+    from files.services import file_register_output
+
+    output = file_register_output(batch_id="batch_earlier")
+    assert output.purpose == FilePurpose.BATCH_OUTPUT
+
+    response = create(api, input_file_id=output.id)
+
+    assert_envelope(response, 400, param="input_file_id", code="invalid_input_file")
+    assert Batch.objects.count() == 0
+
+
+def test_create_without_input_file_id_is_400(api, published):
+    assert_envelope(create(api, endpoint="/v1/chat/completions"), 400, param="input_file_id")
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/embeddings", "/v1/responses", "chat", ""])
+def test_create_with_another_endpoint_is_400(api, input_file, published, endpoint):
+    response = create(api, input_file_id=input_file["id"], endpoint=endpoint)
+
+    assert_envelope(response, 400, param="endpoint")
+    assert Batch.objects.count() == 0
+
+
+@pytest.mark.parametrize("window", ["48h", "1h", "24", ""])
+def test_create_with_a_completion_window_other_than_24h_is_400(
+        api, input_file, published, window):
+    response = create(api, input_file_id=input_file["id"], completion_window=window)
+
+    assert_envelope(response, 400, param="completion_window")
+
+
+@pytest.mark.parametrize("metadata", [
+    {f"k{i}": "v" for i in range(17)},
+    {"k" * 65: "v"},
+    {"k": "v" * 513},
+    ["not", "an", "object"],
+], ids=["17-keys", "65-char-key", "513-char-value", "list"])
+def test_create_with_metadata_over_the_limits_is_400(api, input_file, published, metadata):
+    response = create(api, input_file_id=input_file["id"], metadata=metadata)
+
+    error = assert_envelope(response, 400)
+    assert error["param"].startswith("metadata")
+    assert Batch.objects.count() == 0
+
+
+def test_create_accepts_metadata_at_the_limits(api, input_file, published):
+    metadata = {f"{i:02d}" + "k" * 62: "v" * 512 for i in range(16)}
+
+    response = create(api, input_file_id=input_file["id"], metadata=metadata)
+
+    assert response.status_code == 200, response.content
+    assert response.json()["metadata"] == metadata
+
+
+@pytest.mark.parametrize("field, value", [
+    ("max_decoding_length", 0),
+    ("max_decoding_length", -5),
+    ("max_decoding_length", "lots"),
+    ("max_context_length", 0),
+    ("temperature", -0.1),
+    ("temperature", "hot"),
+    ("top_p", 0),
+    ("top_p", 1.5),
+    ("top_p", -0.5),
+    ("top_k", -1),
+    ("top_k", 2.5),
+])
+def test_create_with_bad_batch_level_parameters_is_400(api, input_file, published, field, value):
+    response = create(api, input_file_id=input_file["id"], **{field: value})
+
+    assert_envelope(response, 400, param=field)
+    assert Batch.objects.count() == 0
+
+
+def test_create_with_max_context_length_over_the_models_is_400(api, input_file, published):
+    limit = served_model().max_context_length
+    assert limit > 0
+
+    response = create(api, input_file_id=input_file["id"], max_context_length=limit + 1)
+
+    assert_envelope(response, 400, param="max_context_length")
+    ok = create(api, input_file_id=input_file["id"], max_context_length=limit)
+    assert ok.status_code == 200, ok.content
+
+
+def test_a_second_active_batch_on_the_same_file_is_400(api, input_file, published):
+    first = create(api, input_file_id=input_file["id"])
+    assert first.status_code == 200
+
+    second = create(api, input_file_id=input_file["id"])
+
+    assert_envelope(second, 400, param="input_file_id", code="duplicate_batch")
+    assert Batch.objects.count() == 1
+
+
+def test_a_file_can_be_batched_again_once_its_batch_is_over(api, input_file, published):
+    first = create(api, input_file_id=input_file["id"]).json()
+    api.post(f"/v1/batches/{first['id']}/cancel")
+
+    again = create(api, input_file_id=input_file["id"])
+
+    assert again.status_code == 200, again.content
+
+
+def test_create_when_the_intake_pool_is_full_is_429_with_retry_after(
+        api, input_file, published, settings):
+    settings.BATCHGEN_MAX_INTAKE_CAPACITY = 10
+    settings.BATCHGEN_RETRY_AFTER_SECONDS = 17
+    IntakePool.objects.update_or_create(id=1, defaults={"reserved": 10})
+
+    response = create(api, input_file_id=input_file["id"])
+
+    assert_envelope(response, 429, code="intake_pool_full")
+    assert response.json()["error"]["type"] == "rate_limit_error"
+    assert response["Retry-After"] == "17"
+    assert Batch.objects.count() == 0
+    assert published == []
+
+
+@pytest.mark.parametrize("body", ["[1, 2]", '"text"', "42", "null"])
+def test_create_with_a_json_body_that_is_not_an_object_is_400(api, published, body):
+    response = api.post("/v1/batches", data=body, content_type="application/json")
+
+    assert_envelope(response, 400)
+    assert Batch.objects.count() == 0
+
+
+def test_create_with_malformed_json_is_400(api, published):
+    response = api.post("/v1/batches", data='{"input_file_id": ', content_type="application/json")
+
+    assert_envelope(response, 400)
+
+
+# --- list and retrieve ------------------------------------------------------------------
+
+
+@pytest.fixture
+def three_batches(api, upload, published) -> list[str]:
+    ids = []
+    for i in range(3):
+        file = upload(jsonl([chat_line(f"x{i}")]))
+        ids.append(create(api, input_file_id=file["id"]).json()["id"])
+    return ids
+
+
+def test_list_is_newest_first(api, three_batches):
+    body = api.get("/v1/batches").json()
+
+    assert body["object"] == "list"
+    assert [b["id"] for b in body["data"]] == three_batches[::-1]
+    assert body["has_more"] is False
+    assert body["first_id"] == three_batches[2]
+    assert body["last_id"] == three_batches[0]
+    assert all(b["object"] == "batch" for b in body["data"])
+
+
+def test_list_pages_with_limit_and_after(api, three_batches):
+    first = api.get("/v1/batches", {"limit": 2}).json()
+    assert [b["id"] for b in first["data"]] == three_batches[:0:-1]
+    assert first["has_more"] is True
+    assert (first["first_id"], first["last_id"]) == (three_batches[2], three_batches[1])
+
+    rest = api.get("/v1/batches", {"limit": 2, "after": first["last_id"]}).json()
+    assert [b["id"] for b in rest["data"]] == [three_batches[0]]
+    assert rest["has_more"] is False
+    assert rest["first_id"] == rest["last_id"] == three_batches[0]
+
+
+def test_empty_list(api):
+    assert api.get("/v1/batches").json() == {
+        "object": "list", "data": [], "has_more": False, "first_id": None, "last_id": None}
+
+
+@pytest.mark.parametrize("limit", [0, 101, -1, "ten"])
+def test_list_with_limit_out_of_range_is_400(api, limit):
+    assert_envelope(api.get("/v1/batches", {"limit": limit}), 400, param="limit")
+
+
+def test_list_accepts_the_limit_bounds(api, three_batches):
+    assert len(api.get("/v1/batches", {"limit": 1}).json()["data"]) == 1
+    assert len(api.get("/v1/batches", {"limit": 100}).json()["data"]) == 3
+
+
+def test_retrieve_returns_the_batch(api, three_batches):
+    response = api.get(f"/v1/batches/{three_batches[0]}")
+
+    assert response.status_code == 200
+    assert response.json()["id"] == three_batches[0]
+
+
+def test_retrieve_of_an_unknown_batch_is_404(api):
+    assert_envelope(api.get("/v1/batches/batch_nope"), 404, param="batch_id", code="not_found")
+
+
+def test_cancel_of_an_unknown_batch_is_404(api):
+    assert_envelope(api.post("/v1/batches/batch_nope/cancel"), 404, param="batch_id")
+
+
+# --- cancel ---------------------------------------------------------------------------
+
+
+def test_cancel_of_a_validating_batch_cancels_it_at_once(api, input_file, published):
+    batch = create(api, input_file_id=input_file["id"]).json()
+
+    response = api.post(f"/v1/batches/{batch['id']}/cancel")
+
+    assert response.status_code == 200, response.content
+    cancelled = response.json()
+    assert cancelled["status"] == "cancelled"
+    assert isinstance(cancelled["cancelled_at"], int)
+    assert cancelled["output_file_id"] is None  # nothing ever ran
+
+
+def test_cancel_while_a_chunk_runs_is_cancelling_and_skips_the_queued_chunks(
+        api, running_batch, reserved):
+    batch = running_batch(5, chunk_size=2)  # chunks of 2, 2 and 1 requests
+    chunks = list(Chunk.objects.filter(batch=batch).order_by("index"))
+    Chunk.objects.filter(id=chunks[0].id).update(
+        status=ChunkStatus.RUNNING, worker="w1",
+        lease_expires_at=timezone.now() + timedelta(minutes=1))
+    assert reserved() == 5
+
+    response = api.post(f"/v1/batches/{batch.id}/cancel")
+
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["status"] == "cancelling"
+    assert isinstance(body["cancelling_at"], int)
+    assert body["cancelled_at"] is None
+    statuses = list(Chunk.objects.filter(batch=batch).order_by("index")
+                    .values_list("status", flat=True))
+    assert statuses == [ChunkStatus.RUNNING, ChunkStatus.SKIPPED, ChunkStatus.SKIPPED]
+    # The queued requests gave their capacity back; the running chunk still holds its own.
+    assert reserved() == 2
+    assert Batch.objects.get(id=batch.id).intake_reserved == 2
+
+
+def test_cancel_when_no_chunk_runs_is_cancelled_with_the_partial_output(
+        api, running_batch, reserved, storage):
+    batch = running_batch(5, chunk_size=2)
+    done = Chunk.objects.filter(batch=batch, index=0)
+    done.update(status=ChunkStatus.DONE, completed=2)
+    partial = b'{"custom_id": "req-0"}\n{"custom_id": "req-1"}\n'
+    (storage / "incremental" / f"{batch.id}.jsonl").write_bytes(partial)
+
+    body = api.post(f"/v1/batches/{batch.id}/cancel").json()
+
+    assert body["status"] == "cancelled"
+    assert isinstance(body["cancelled_at"], int)
+    assert reserved() == 0
+    assert not Chunk.objects.filter(batch=batch, status=ChunkStatus.QUEUED).exists()
+    output = File.objects.get(id=body["output_file_id"])
+    assert output.purpose == FilePurpose.BATCH_OUTPUT
+    content = api.get(f"/v1/files/{output.id}/content")
+    assert b"".join(content.streaming_content) == partial
+
+
+def test_cancel_of_a_cancelling_batch_answers_the_batch_again(api, running_batch):
+    batch = running_batch(3, chunk_size=1)
+    Chunk.objects.filter(batch=batch, index=0).update(
+        status=ChunkStatus.RUNNING, worker="w1",
+        lease_expires_at=timezone.now() + timedelta(minutes=1))
+    assert api.post(f"/v1/batches/{batch.id}/cancel").json()["status"] == "cancelling"
+
+    again = api.post(f"/v1/batches/{batch.id}/cancel")
+
+    assert again.status_code == 200
+    assert again.json()["status"] == "cancelling"
+
+
+@pytest.mark.parametrize("status", [BatchStatus.COMPLETED, BatchStatus.FAILED,
+                                    BatchStatus.CANCELLED])
+def test_cancel_of_a_finished_batch_is_400(api, input_file, published, status):
+    batch = create(api, input_file_id=input_file["id"]).json()
+    Batch.objects.filter(id=batch["id"]).update(status=status)
+
+    response = api.post(f"/v1/batches/{batch['id']}/cancel")
+
+    assert_envelope(response, 400, param="batch_id", code="batch_not_cancellable")
+    assert Batch.objects.get(id=batch["id"]).status == status
+
+
+# --- pool status ----------------------------------------------------------------------
+
+
+def test_pool_status_has_every_field_and_counts_what_is_queued(api, running_batch, settings):
+    running_batch(5, chunk_size=2)
+    Worker.objects.create(name="w1", hostname="h", pid=1, engine="simulated", model="m",
+                          slots_capacity=16, slots_active=3, ready=True,
+                          heartbeat_at=timezone.now())
+    Worker.objects.create(name="gone", hostname="h", pid=2, engine="simulated", model="m",
+                          slots_capacity=100, slots_active=50, ready=True,
+                          heartbeat_at=timezone.now() - timedelta(hours=1))
+
+    response = api.get("/v1/pool/status")
+
+    assert response.status_code == 200
+    assert response.json() == {
+        "intake_pool_size": 2,  # 5 admitted, 3 of them inside the engine
+        "intake_pool_capacity": settings.BATCHGEN_MAX_INTAKE_CAPACITY,
+        "scheduling_pool_active": 3,
+        "scheduling_pool_free": 13,
+        "scheduling_pool_capacity": 16,  # the stale worker does not count
+        "active_batches": 1,
+        "pool_mode": True,
+    }
+
+
+def test_pool_status_of_an_idle_server(api, settings):
+    body = api.get("/v1/pool/status").json()
+
+    assert body == {
+        "intake_pool_size": 0,
+        "intake_pool_capacity": settings.BATCHGEN_MAX_INTAKE_CAPACITY,
+        "scheduling_pool_active": 0,
+        "scheduling_pool_free": 0,
+        "scheduling_pool_capacity": 0,
+        "active_batches": 0,
+        "pool_mode": True,
+    }
+
+
+def test_batch_json_round_trips_through_the_openai_sdk_shape(api, input_file, published):
+    # Every key the openai SDK's Batch model knows is present (extra keys are allowed).
+    batch = create(api, input_file_id=input_file["id"]).json()
+    from openai.types import Batch as SdkBatch
+
+    parsed = SdkBatch.model_validate(json.loads(json.dumps(batch)))
+
+    assert parsed.id == batch["id"]
+    assert parsed.status == "validating"
+    assert set(SdkBatch.model_fields) - {"usage"} <= set(batch)

@@ -1,0 +1,116 @@
+"""/health and /v1/models."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from inference.model_info import SERVER_STARTED, served_model
+from inference.models import Worker
+from tests.site.test_errors import error_of
+
+pytestmark = pytest.mark.django_db
+
+
+def worker(name: str = "w1", *, ready: bool = True, age_seconds: float = 0,
+           stopped: bool = False) -> Worker:
+    now = timezone.now()
+    return Worker.objects.create(
+        name=name, hostname="host", pid=1234, engine="simulated", model="m",
+        slots_capacity=8, ready=ready, heartbeat_at=now - timedelta(seconds=age_seconds),
+        stopped_at=now if stopped else None,
+    )
+
+
+# --- models ---------------------------------------------------------------------------
+
+
+def test_models_lists_exactly_the_served_model(api):
+    response = api.get("/v1/models")
+
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "list"
+    assert len(body["data"]) == 1
+    model = body["data"][0]
+    assert model["id"] == served_model().id
+    assert model["object"] == "model"
+    assert model["created"] == SERVER_STARTED
+    assert isinstance(model["created"], int)
+    assert model["owned_by"] == "batchgen"
+    assert isinstance(model["max_context_length"], int) and model["max_context_length"] > 0
+
+
+def test_model_detail_returns_the_served_model(api):
+    model_id = served_model().id
+
+    response = api.get(f"/v1/models/{model_id}")
+
+    assert response.status_code == 200
+    assert response.json() == api.get("/v1/models").json()["data"][0]
+
+
+@pytest.mark.parametrize("model_id", ["gpt-4o", "Kimi-K2.5", "org/some-model"])
+def test_model_detail_of_another_model_is_404(api, model_id):
+    error = error_of(api.get(f"/v1/models/{model_id}"), 404)
+
+    assert error["code"] == "model_not_found"
+
+
+# --- health ---------------------------------------------------------------------------
+
+
+def test_health_is_503_with_a_reason_when_no_worker_is_alive(api):
+    response = api.get("/health")
+
+    assert response.status_code == 503
+    body = response.json()
+    assert body["status"] == "unhealthy"
+    assert "no inference worker" in body["reason"]
+
+
+def test_health_is_200_with_a_live_ready_worker(api):
+    worker()
+
+    response = api.get("/health")
+
+    assert response.status_code == 200
+    assert response.json() == {"status": "healthy"}
+
+
+def test_health_is_503_while_the_only_worker_is_still_loading_its_engine(api):
+    worker(ready=False)
+
+    response = api.get("/health")
+
+    assert response.status_code == 503
+    assert "none with its engine ready" in response.json()["reason"]
+
+
+@pytest.mark.parametrize("stale", [
+    {"age_seconds": 3600}, {"stopped": True},
+], ids=["heartbeat-too-old", "stopped"])
+def test_health_ignores_workers_that_are_gone(api, stale):
+    worker(**stale)
+
+    response = api.get("/health")
+
+    assert response.status_code == 503
+    assert response.json()["status"] == "unhealthy"
+
+
+def test_health_is_503_when_the_broker_is_unreachable(api, monkeypatch):
+    worker()
+    from batchgen_site.celery import app
+
+    def refuse(*args, **kwargs):
+        raise ConnectionRefusedError("broker down")
+
+    monkeypatch.setattr(app, "connection_for_write", refuse)
+
+    response = api.get("/health")
+
+    assert response.status_code == 503
+    assert "broker" in response.json()["reason"]
