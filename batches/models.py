@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.db import models
+from django.utils import timezone
 
 
 class Endpoint(models.TextChoices):
@@ -45,7 +46,7 @@ class Batch(models.Model):
     status = models.CharField(max_length=16, choices=BatchStatus.choices,
                               default=BatchStatus.VALIDATING, db_index=True)
 
-    created_at = models.DateTimeField(auto_now_add=True)
+    created_at = models.DateTimeField(default=timezone.now)
     validation_started_at = models.DateTimeField(null=True, blank=True)
     in_progress_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField()
@@ -72,6 +73,11 @@ class Batch(models.Model):
     top_p = models.FloatField(null=True, blank=True)
     top_k = models.IntegerField(null=True, blank=True)
 
+    # Fair sharing (batches.dispatch): a batch's share of the SchedulingPool is
+    # proportional to its priority; dispatch_pass is its stride-scheduling position.
+    priority = models.PositiveIntegerField(default=1)
+    dispatch_pass = models.FloatField(default=0.0)
+
     class Meta:
         ordering = ["-id"]
         verbose_name_plural = "batches"
@@ -86,7 +92,8 @@ class Batch(models.Model):
 
 
 class ChunkStatus(models.TextChoices):
-    QUEUED = "queued"  # published to the inference queue, waiting for a slot
+    PENDING = "pending"  # in the IntakePool (the database), not yet dispatched
+    QUEUED = "queued"  # dispatched to the inference queue, waiting for a worker
     RUNNING = "running"  # claimed by a worker that holds its lease
     DONE = "done"
     SKIPPED = "skipped"  # its batch was cancelled, failed or expired first
@@ -103,7 +110,7 @@ class Chunk(models.Model):
     first_line = models.IntegerField()  # 1-based line number of the first line
     count = models.IntegerField()
     status = models.CharField(max_length=8, choices=ChunkStatus.choices,
-                              default=ChunkStatus.QUEUED)
+                              default=ChunkStatus.PENDING)
     attempts = models.IntegerField(default=0)
     worker = models.CharField(max_length=255, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
@@ -119,7 +126,7 @@ class Chunk(models.Model):
         ]
         indexes = [
             models.Index(fields=["status", "lease_expires_at"]),
-            models.Index(fields=["batch", "status"]),
+            models.Index(fields=["batch", "status", "index"]),
         ]
 
     def __str__(self) -> str:

@@ -10,6 +10,8 @@ from inference.model_info import served_model
 METADATA_MAX_KEYS = 16
 METADATA_MAX_KEY_LENGTH = 64
 METADATA_MAX_VALUE_LENGTH = 512
+# metadata["priority"]: a batch's weight in fair sharing (batches.dispatch).
+MAX_PRIORITY = 100
 
 
 class BatchCreateInputSerializer(serializers.Serializer):
@@ -37,6 +39,15 @@ class BatchCreateInputSerializer(serializers.Serializer):
                 raise serializers.ValidationError(
                     f"metadata keys are at most {METADATA_MAX_KEY_LENGTH} characters.")
         return value
+
+    def validate(self, attrs):
+        priority = (attrs.get("metadata") or {}).get("priority")
+        if priority is not None:
+            if not priority.isdigit() or not 1 <= int(priority) <= MAX_PRIORITY:
+                raise serializers.ValidationError({"metadata": [
+                    f"metadata.priority must be an integer from 1 to {MAX_PRIORITY}."]})
+            attrs["priority"] = int(priority)
+        return attrs
 
     def validate_top_p(self, value):
         if value is not None and not 0 < value <= 1:

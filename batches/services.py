@@ -12,6 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from batches import intake
+from batches.dispatch import dispatch, starting_pass
 from batches.models import (
     ACTIVE_STATUSES,
     Batch,
@@ -44,7 +45,7 @@ TIMESTAMP_FIELD = {
     S.CANCELLING: "cancelling_at",
     S.CANCELLED: "cancelled_at",
 }
-OPEN_CHUNKS = (ChunkStatus.QUEUED, ChunkStatus.RUNNING)
+OPEN_CHUNKS = (ChunkStatus.PENDING, ChunkStatus.QUEUED, ChunkStatus.RUNNING)
 
 
 class IllegalTransition(BatchGenError):
@@ -77,7 +78,7 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
                  metadata: dict[str, str] | None = None, model: str,
                  max_decoding_length: int | None = None, max_context_length: int | None = None,
                  temperature: float | None = None, top_p: float | None = None,
-                 top_k: int | None = None) -> Batch:
+                 top_k: int | None = None, priority: int = 1) -> Batch:
     """Check what is cheap, record the batch as `validating` and queue its
     validation after commit. Never reads the input file here."""
     from batches.tasks import validate_batch
@@ -103,19 +104,22 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
             raise BatchGenError(
                 f"File {input_file_id} already has an active batch; wait for it to finish "
                 "or cancel it.", param="input_file_id", code="duplicate_batch")
+        now = timezone.now()
         batch = Batch.objects.create(
             id=new_id("batch_"),
+            created_at=now,
             endpoint=endpoint,
             model=model,
             input_file=input_file,
             completion_window=completion_window,
-            expires_at=timezone.now() + timedelta(hours=settings.BATCHGEN_COMPLETION_WINDOW_HOURS),
+            expires_at=now + timedelta(hours=settings.BATCHGEN_COMPLETION_WINDOW_HOURS),
             metadata=metadata,
             max_decoding_length=max_decoding_length,
             max_context_length=max_context_length,
             temperature=temperature,
             top_p=top_p,
             top_k=top_k,
+            priority=priority,
         )
         transaction.on_commit(lambda: validate_batch.delay(batch.id))
     logger.info("batch created batch_id=%s input_file_id=%s endpoint=%s", batch.id,
@@ -153,7 +157,6 @@ def batch_validate(*, batch_id: str) -> Batch:
                                 "message": "The input file holds no requests."})
         return batch_get(batch_id=batch_id)
 
-    chunk_refs: list[tuple[str, int, int]] = []
     with transaction.atomic():
         intake._locked_pool()
         batch = Batch.objects.get(id=batch_id)
@@ -166,17 +169,17 @@ def batch_validate(*, batch_id: str) -> Batch:
                        "message": f"The batch's {report.total} requests do not fit in the "
                                   "intake pool now; retry later."})
             return batch_get(batch_id=batch_id)
-        chunks = Chunk.objects.bulk_create(
+        # The whole batch enters the IntakePool at once, as pending chunks; the
+        # dispatcher feeds them to the inference queue fairly (batches.dispatch).
+        Chunk.objects.bulk_create(
             [Chunk(batch_id=batch_id, index=i, start_offset=span.start_offset,
                    end_offset=span.end_offset, first_line=span.first_line, count=span.count)
              for i, span in enumerate(report.chunks)],
             batch_size=1000,
         )
-        batch_transition(batch_id=batch_id, to=S.IN_PROGRESS, total=report.total)
-        if any(c.pk is None for c in chunks):  # backends without RETURNING ids
-            chunks = list(Chunk.objects.filter(batch_id=batch_id))
-        chunk_refs = [(batch_id, c.pk, c.index) for c in chunks]
-        transaction.on_commit(lambda: publish_chunks(chunk_refs))
+        batch_transition(batch_id=batch_id, to=S.IN_PROGRESS, total=report.total,
+                         dispatch_pass=starting_pass())
+        transaction.on_commit(dispatch)
     return batch_get(batch_id=batch_id)
 
 
@@ -228,8 +231,10 @@ def batch_cancel(*, batch_id: str) -> Batch:
 
 
 def chunks_skip_queued(*, batch_id: str) -> int:
+    """Skip the chunks of a batch that no worker runs yet, returning their capacity."""
     with transaction.atomic():
-        queued = Chunk.objects.filter(batch_id=batch_id, status=ChunkStatus.QUEUED)
+        queued = Chunk.objects.filter(batch_id=batch_id,
+                                      status__in=[ChunkStatus.PENDING, ChunkStatus.QUEUED])
         skipped_requests = sum(queued.values_list("count", flat=True))
         count = queued.update(status=ChunkStatus.SKIPPED, finished_at=timezone.now())
         intake.intake_release(batch_id=batch_id, requests=skipped_requests)

@@ -4,32 +4,34 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from batches import recovery, services
-from batchgen_site.celery import QueueName
-
-CONTROL = QueueName.CONTROL.value
+from batches import dispatch, recovery, services
 
 
 # Validation streams the whole input once: a million lines take seconds, a 10 GiB
 # file minutes; the limit only stops a runaway.
-@shared_task(name="batches.validate_batch", queue=CONTROL, acks_late=True,
+@shared_task(name="batches.validate_batch", acks_late=True,
              reject_on_worker_lost=True, time_limit=3 * 3600)
 def validate_batch(batch_id: str) -> str:
     return services.batch_validate(batch_id=batch_id).status
 
 
 # Finalization hashes the output file once (seconds for a million lines).
-@shared_task(name="batches.finalize_batch", queue=CONTROL, acks_late=True,
+@shared_task(name="batches.finalize_batch", acks_late=True,
              reject_on_worker_lost=True, time_limit=3600)
 def finalize_batch(batch_id: str) -> str:
     return services.batch_finalize(batch_id=batch_id).status
 
 
-@shared_task(name="batches.expire_batches", queue=CONTROL, time_limit=600)
+@shared_task(name="batches.expire_batches", time_limit=600)
 def expire_batches() -> int:
     return services.batches_expire()
 
 
-@shared_task(name="batches.recover_chunks", queue=CONTROL, time_limit=600)
+@shared_task(name="batches.recover_chunks", time_limit=600)
 def recover_chunks() -> str:
     return str(recovery.recover())
+
+
+@shared_task(name="batches.dispatch_chunks", time_limit=300)
+def dispatch_chunks() -> int:
+    return dispatch.dispatch()

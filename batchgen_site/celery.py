@@ -26,7 +26,15 @@ app.conf.task_queues = [
 app.conf.task_default_queue = QueueName.CONTROL.value
 app.conf.task_default_exchange = QueueName.CONTROL.value
 app.conf.task_default_routing_key = QueueName.CONTROL.value
+# Every task's queue, by name: inference.* runs on GPU workers, the rest on control.
+app.conf.task_routes = {
+    "inference.*": {"queue": QueueName.INFERENCE.value},
+    "batches.*": {"queue": QueueName.CONTROL.value},
+    "files.*": {"queue": QueueName.CONTROL.value},
+}
 app.conf.beat_schedule = {
+    # Chunks are dispatched as workers free up; this tick only covers lost events.
+    "dispatch-chunks": {"task": "batches.dispatch_chunks", "schedule": 2.0},
     "expire-batches": {"task": "batches.expire_batches", "schedule": 60.0},
     "recover-chunks": {"task": "batches.recover_chunks", "schedule": 15.0},
     "purge-expired-files": {"task": "files.purge_expired_files", "schedule": 3600.0},

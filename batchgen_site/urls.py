@@ -1,5 +1,6 @@
 from django.contrib import admin
-from django.urls import path
+from django.contrib.staticfiles.views import serve as serve_static
+from django.urls import path, re_path
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
 from batches.views import (
@@ -9,7 +10,9 @@ from batches.views import (
     BatchOutputView,
     PoolStatusView,
 )
+from batchgen_site.admin_dashboard import pool_dashboard
 from batchgen_site.health import HealthView
+from batchgen_site.metrics import metrics_view
 from files.views import FileContentView, FileDetailView, FileListCreateView
 from inference.views import ModelDetailView, ModelListView
 
@@ -27,7 +30,12 @@ urlpatterns = [
     path("v1/pool/status", PoolStatusView.as_view(), name="pool-status"),
     path("v1/openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
     path("docs", SpectacularSwaggerView.as_view(url_name="openapi"), name="docs"),
+    path("metrics", metrics_view, name="metrics"),
+    path("admin/pool/", admin.site.admin_view(pool_dashboard), name="admin-pool-dashboard"),
     path("admin/", admin.site.urls),
+    # The admin's CSS and JS, found in the installed apps: a handful of small files for
+    # a few operators, so no collectstatic step or separate static server is needed.
+    re_path(r"^static/(?P<path>.*)$", serve_static, {"insecure": True}),
 ]
 
 handler400 = "batchgen_site.errors.handler400"

@@ -1,9 +1,12 @@
 """The incremental file: `{storage}/incremental/{batch_id}.jsonl`, shared by every
 worker that runs a chunk of the batch, on any host that mounts the storage path.
 
-Each append takes an exclusive POSIX record lock (fcntl, which NFS honours through
-its lock manager), repairs a torn last line a crashed writer may have left, and
-writes the new complete lines with a single write() to an O_APPEND descriptor. A
+Each append takes an exclusive flock() on its own open file description (so it
+excludes other threads of the same worker as well as other processes, and closing
+an unrelated reader's handle cannot drop it; Linux maps flock on NFS to a lock the
+server's lock manager enforces across hosts), repairs a torn last line a crashed
+writer may have left, and writes the new complete lines with a single write() to an
+O_APPEND descriptor. A
 reader (`tail -f`, the download) therefore only ever sees whole lines, except for
 a torn tail between a crash and the next append, which nothing counts.
 """
@@ -12,7 +15,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,29 +22,17 @@ from pathlib import Path
 import orjson
 
 _BLOCK = 64 * 1024
-# POSIX record locks belong to the process, so they do not exclude the threads of one
-# worker, which runs several chunks of a batch at once. These do (striped by path:
-# bounded memory, and a holder only ever takes one).
-_THREAD_LOCKS = tuple(threading.Lock() for _ in range(64))
-
-
-def _thread_lock(path: Path) -> threading.Lock:
-    return _THREAD_LOCKS[hash(os.path.abspath(path)) % len(_THREAD_LOCKS)]
 
 
 @contextmanager
 def locked(path: Path) -> Iterator[int]:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _thread_lock(path):
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX)
-            try:
-                yield fd
-            finally:
-                fcntl.lockf(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd  # closing the descriptor releases the lock
+    finally:
+        os.close(fd)
 
 
 def _repair(fd: int) -> int:

@@ -20,6 +20,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from batches import intake
+from batches.dispatch import dispatch
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
 from batches.params import BatchParams
 from batches.services import batch_settle
@@ -116,6 +117,7 @@ def chunk_close(*, chunk_id: int, worker: str, completed: int, failed: int) -> b
         intake.intake_release(batch_id=chunk.batch_id,
                               requests=chunk.count - chunk.completed - chunk.failed)
         batch_settle(batch_id=chunk.batch_id)
+        transaction.on_commit(dispatch)  # a worker thread is free: feed the next chunk
     logger.info("chunk closed batch_id=%s chunk=%s status=%s completed=%s failed=%s",
                 chunk.batch_id, chunk.index, status, chunk.completed, chunk.failed)
     return True

@@ -2,13 +2,12 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from batchgen_site.celery import QueueName
 from inference.runtime import get_runtime
 
 
 # A chunk holds a few hundred requests; on a slow CPU engine that can take long,
 # but never hours: the limit frees a wedged thread, and the lease requeues the chunk.
-@shared_task(name="inference.run_chunk", queue=QueueName.INFERENCE.value, acks_late=True,
+@shared_task(name="inference.run_chunk", acks_late=True,
              reject_on_worker_lost=True, time_limit=4 * 3600)
 def run_chunk(batch_id: str, chunk_id: int) -> str:
     runtime = get_runtime()

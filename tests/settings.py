@@ -13,3 +13,10 @@ from batchgen_site.settings import *  # noqa: E402,F403
 CELERY_BROKER_URL = "memory://"
 BATCHGEN_EMBEDDED_BROKER = False
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":  # noqa: F405
+    # A file, not shared memory: concurrent transactions then wait on the lock as
+    # they do in production instead of failing with "table is locked".
+    DATABASES["default"]["TEST"] = {  # noqa: F405
+        "NAME": os.path.join(os.environ["BATCHGEN_STORAGE_PATH"], "test.sqlite3")
+    }

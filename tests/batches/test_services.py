@@ -57,8 +57,9 @@ def test_validate_enqueues_chunks_covering_every_line(
     with django_capture_on_commit_callbacks() as callbacks:
         validated = services.batch_validate(batch_id=batch.id)
     assert run_chunks(published) == []  # nothing published inside the transaction
-    for callback in callbacks:
-        callback()
+    with django_capture_on_commit_callbacks(execute=True):  # runs the dispatcher's too
+        for callback in callbacks:
+            callback()
 
     assert validated.status == S.IN_PROGRESS
     assert validated.in_progress_at is not None

@@ -8,6 +8,7 @@ import fcntl
 import json
 import multiprocessing
 import os
+import queue
 import threading
 
 import pytest
@@ -148,13 +149,22 @@ def test_failed_write_after_a_torn_tail_keeps_the_repair_and_nothing_else(
 def _try_lock(path_str: str, answer) -> None:
     fd = os.open(path_str, os.O_RDWR)
     try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         answer.put("blocked")
     else:
         answer.put("acquired")
     finally:
         os.close(fd)
+
+
+def test_lock_is_exclusive_between_threads_of_one_process(path):
+    answer = queue.SimpleQueue()
+    with locked(path):
+        thread = threading.Thread(target=_try_lock, args=(str(path), answer))
+        thread.start()
+        thread.join()
+    assert answer.get() == "blocked"
 
 
 def test_lock_is_exclusive_across_processes(path):

@@ -1,0 +1,61 @@
+"""Inference workers as their heartbeats describe them. Read-only: each worker
+writes its own row every few seconds."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.db.models import Exists, OuterRef
+
+from inference.models import Worker
+from inference.selectors import live_workers
+
+
+class AliveFilter(admin.SimpleListFilter):
+    title = "alive"
+    parameter_name = "alive"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "alive"), ("no", "stopped or silent")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(pk__in=live_workers().values("pk"))
+        if self.value() == "no":
+            return queryset.exclude(pk__in=live_workers().values("pk"))
+        return queryset
+
+
+@admin.register(Worker)
+class WorkerAdmin(admin.ModelAdmin):
+    list_display = ["name", "hostname", "engine", "model", "alive", "ready", "slots",
+                    "requests_completed", "requests_failed", "tokens_generated", "started_at",
+                    "heartbeat_at", "stopped_at"]
+    list_filter = [AliveFilter, "ready", "engine", "hostname"]
+    search_fields = ["name", "hostname"]
+    ordering = ["-heartbeat_at"]
+    list_per_page = 100
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in Worker._meta.fields] + ["alive", "slots"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    def get_queryset(self, request):
+        # Liveness is the selector's rule (what /health and the pool figures use).
+        return super().get_queryset(request).annotate(
+            is_alive=Exists(live_workers().filter(pk=OuterRef("pk"))))
+
+    @admin.display(boolean=True, description="alive", ordering="is_alive")
+    def alive(self, obj: Worker) -> bool:
+        return obj.is_alive
+
+    @admin.display(description="slots (active / capacity)")
+    def slots(self, obj: Worker) -> str:
+        return f"{obj.slots_active} / {obj.slots_capacity}"
