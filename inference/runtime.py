@@ -18,6 +18,7 @@ import asyncio
 import logging
 import os
 import queue
+import signal
 import socket
 import threading
 import time
@@ -33,7 +34,14 @@ from batches.params import resolve_body
 from batches.validation import read_chunk
 from files.incremental import append_lines, scan_results
 from inference import services
-from inference.engines import Engine, EngineConfig, EngineRequest, EngineResult, load_engine
+from inference.engines import (
+    Engine,
+    EngineConfig,
+    EngineRequest,
+    EngineResult,
+    EngineUnavailable,
+    load_engine,
+)
 from inference.output import format_line
 from inference.slots import SlotPool
 
@@ -105,12 +113,23 @@ class InferenceRuntime:
 
     def _engine_started(self, future) -> None:
         if future.exception() is not None:
-            self.failed = future.exception()
-            logger.error("engine failed to start: %r", self.failed)
+            self._engine_lost(future.exception(), "failed to start")
         else:
             logger.info("engine ready: %s (context %s tokens)", self.config.served_model_name,
                         self.engine.max_context_length)
         self.ready.set()
+
+    def _engine_lost(self, error: BaseException, what: str) -> None:
+        """Without an engine this worker can do nothing: stop taking chunks and exit,
+        so the supervisor (or the container's restart policy) starts a fresh one and
+        the chunks it held are requeued."""
+        if self.failed is not None:
+            return
+        self.failed = error
+        self.ready.set()
+        logger.critical("the %s engine %s: %r; stopping this worker", self.config.engine, what,
+                        error)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -170,6 +189,12 @@ class InferenceRuntime:
         finally:
             with self._running_lock:
                 self._running.pop(work.chunk_id, None)
+        if self.failed is not None or self._stopping.is_set():
+            # This worker is going away mid-chunk: keep what was written, hand the
+            # rest back to the queue now rather than when the lease runs out.
+            self.db(services.chunk_release, chunk_id=work.chunk_id, worker=self.name,
+                    completed=completed, failed=failed)
+            return f"chunk {work.batch_id}#{work.index}: released, worker stopping"
         self.db(services.chunk_close, chunk_id=work.chunk_id, worker=self.name,
                 completed=completed, failed=failed)
         return f"chunk {work.batch_id}#{work.index}: {completed} completed, {failed} failed"
@@ -204,7 +229,8 @@ class InferenceRuntime:
         last_flush = time.monotonic()
         stopped = False
         while pending or outstanding:
-            if not stopped and (work.batch_id in self.stop_batches or self._stopping.is_set()):
+            if not stopped and (work.batch_id in self.stop_batches or self._stopping.is_set()
+                                or self.failed is not None):
                 stopped = True
                 pending.clear()
                 self.loop.call_soon_threadsafe(lambda: [t.cancel() for t in list(tasks)])
@@ -271,6 +297,9 @@ class InferenceRuntime:
         try:
             result = await self.engine.generate(request)
         except asyncio.CancelledError:
+            result = _CANCELLED
+        except EngineUnavailable as exc:
+            self._engine_lost(exc, "died")
             result = _CANCELLED
         except Exception as exc:  # an engine bug must not lose the request's slot
             logger.exception("engine error on %s", request.request_id)

@@ -123,6 +123,23 @@ def chunk_close(*, chunk_id: int, worker: str, completed: int, failed: int) -> b
     return True
 
 
+def chunk_release(*, chunk_id: int, worker: str, completed: int, failed: int) -> bool:
+    """Account what was written and put the rest of the chunk back in the queue
+    (its worker is shutting down). A redelivery skips the lines already written."""
+    from batches.services import publish_chunks
+
+    with transaction.atomic():
+        if not chunk_progress(chunk_id=chunk_id, worker=worker, completed=completed,
+                              failed=failed):
+            return False
+        Chunk.objects.filter(id=chunk_id).update(status=ChunkStatus.QUEUED, worker="",
+                                                 lease_expires_at=None, published_at=None)
+        ref = Chunk.objects.filter(id=chunk_id).values_list("batch_id", "id", "index")[0]
+        transaction.on_commit(lambda: publish_chunks([ref]))
+    logger.info("chunk released batch_id=%s chunk=%s worker=%s", ref[0], ref[2], worker)
+    return True
+
+
 def chunk_reconcile(*, work: ChunkWork, worker: str, written: dict[str, bool]) -> None:
     """After a redelivery: account results a previous attempt wrote but did not get
     to account before it died."""

@@ -7,7 +7,13 @@ control worker never pay for it.
 
 from __future__ import annotations
 
-from inference.engines.base import Engine, EngineConfig, EngineRequest, EngineResult
+from inference.engines.base import (
+    Engine,
+    EngineConfig,
+    EngineRequest,
+    EngineResult,
+    EngineUnavailable,
+)
 
 
 def load_engine(config: EngineConfig) -> Engine:
@@ -22,4 +28,6 @@ def load_engine(config: EngineConfig) -> Engine:
     raise ValueError(f"unknown engine {config.engine!r} (expected 'vllm' or 'simulated')")
 
 
-__all__ = ["Engine", "EngineConfig", "EngineRequest", "EngineResult", "load_engine"]
+__all__ = [
+    "Engine", "EngineConfig", "EngineRequest", "EngineResult", "EngineUnavailable", "load_engine",
+]

@@ -55,6 +55,11 @@ class EngineResult:
         return cls(error={"code": code, "message": message})
 
 
+class EngineUnavailable(Exception):
+    """The engine itself is gone (its process died): no request can run here any
+    more. The worker stops and its chunks are requeued; nothing is written."""
+
+
 class Engine(abc.ABC):
     name: str = "engine"
 
@@ -73,7 +78,8 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def generate(self, request: EngineRequest) -> EngineResult:
         """Run one request to completion. Never raises for a bad request: returns an
-        EngineResult with `error` (e.g. code `context_length_exceeded`)."""
+        EngineResult with `error` (e.g. code `context_length_exceeded`). Raises
+        EngineUnavailable when the engine can run nothing at all."""
 
     async def shutdown(self) -> None:  # noqa: B027 - optional hook
         """Release the engine's resources."""

@@ -44,8 +44,15 @@ from vllm.renderers.inputs.preprocess import extract_prompt_len
 from vllm.renderers.online_renderer import OnlineRenderer
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.exceptions import EngineDeadError
 
-from inference.engines.base import Engine, EngineConfig, EngineRequest, EngineResult
+from inference.engines.base import (
+    Engine,
+    EngineConfig,
+    EngineRequest,
+    EngineResult,
+    EngineUnavailable,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -180,12 +187,7 @@ class VllmEngine(Engine):
         # spawn it; vLLM's CPU platform forces spawn anyway.
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-        # vLLM's engine sockets beside the worker's other run files, not in /tmp.
-        rpc_dir = os.environ.get("BATCHGEN_STORAGE_PATH")
-        if rpc_dir:
-            run_dir = os.path.join(rpc_dir, "run")
-            os.makedirs(run_dir, exist_ok=True)
-            os.environ.setdefault("VLLM_RPC_BASE_PATH", run_dir)
+
         engine_args = self.engine_args()
         vllm_config = engine_args.create_engine_config(
             usage_context=UsageContext.OPENAI_BATCH_RUNNER
@@ -264,6 +266,8 @@ class VllmEngine(Engine):
                 message = _prompt_too_long_message(exc, self.max_context_length)
                 return EngineResult.failure("context_length_exceeded", message)
             return EngineResult.failure("invalid_request", str(exc))
+        except EngineDeadError as exc:
+            raise EngineUnavailable(str(exc)) from exc
         except Exception as exc:  # mapped the way vLLM's HTTP server maps it
             logger.exception("vLLM failed on request %s", request.request_id)
             return _failure_from(create_error_response(exc))
