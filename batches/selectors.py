@@ -8,8 +8,10 @@ from batches.models import ACTIVE_STATUSES, Batch
 from inference.selectors import live_workers
 
 
-def batch_list(*, after: str | None) -> QuerySet[Batch]:
+def batch_list(*, after: str | None, owner=None) -> QuerySet[Batch]:
     batches = Batch.objects.order_by("-id")
+    if owner is not None:
+        batches = batches.filter(owner=owner)
     if after:
         batches = batches.filter(id__lt=after)
     return batches

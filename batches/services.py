@@ -64,9 +64,11 @@ def batch_transition(*, batch_id: str, to: str, **fields: Any) -> bool:
     return bool(moved)
 
 
-def batch_get(*, batch_id: str) -> Batch:
+def batch_get(*, batch_id: str, owner=None) -> Batch:
+    """A batch by id; with an owner (an API key), only that key's batches exist."""
+    batches = Batch.objects.filter(owner=owner) if owner is not None else Batch.objects
     try:
-        return Batch.objects.get(id=batch_id)
+        return batches.get(id=batch_id)
     except Batch.DoesNotExist:
         raise NotFound(f"No such batch: {batch_id}", param="batch_id") from None
 
@@ -78,13 +80,14 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
                  metadata: dict[str, str] | None = None, model: str,
                  max_decoding_length: int | None = None, max_context_length: int | None = None,
                  temperature: float | None = None, top_p: float | None = None,
-                 top_k: int | None = None, priority: int = 1) -> Batch:
+                 top_k: int | None = None, priority: int = 1, owner=None) -> Batch:
     """Check what is cheap, record the batch as `validating` and queue its
     validation after commit. Never reads the input file here."""
     from batches.tasks import validate_batch
 
+    files = File.objects.filter(owner=owner) if owner is not None else File.objects
     try:
-        input_file = File.objects.get(id=input_file_id)
+        input_file = files.get(id=input_file_id)
     except File.DoesNotExist:
         raise BatchGenError(f"No such file: {input_file_id}", param="input_file_id",
                             code="invalid_input_file") from None
@@ -120,6 +123,7 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
             top_p=top_p,
             top_k=top_k,
             priority=priority,
+            owner=owner,
         )
         transaction.on_commit(lambda: validate_batch.delay(batch.id))
     logger.info("batch created batch_id=%s input_file_id=%s endpoint=%s", batch.id,
@@ -275,7 +279,7 @@ def batch_finalize(*, batch_id: str) -> Batch:
         if batch.output_file_id is None and batch.in_progress_at is not None:
             # No chunk is open, so a torn last line is a dead writer's, never a result.
             repair_tail(storage.absolute(storage.incremental_name(batch_id)))
-            batch.output_file = file_register_output(batch_id=batch_id)
+            batch.output_file = file_register_output(batch_id=batch_id, owner=batch.owner)
             batch.save(update_fields=["output_file"])
     if batch.status == S.FINALIZING:
         batch_transition(batch_id=batch_id, to=S.COMPLETED)

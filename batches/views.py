@@ -15,6 +15,7 @@ from batches.serializers import (
     BatchOutputSerializer,
     PoolStatusSerializer,
 )
+from batchgen_site.auth import request_owner
 from batchgen_site.errors import BatchGenError
 from batchgen_site.pagination import list_page
 from files import storage
@@ -29,7 +30,8 @@ class BatchListCreateView(APIView):
     def post(self, request):
         params = BatchCreateInputSerializer(data=request.data)
         params.is_valid(raise_exception=True)
-        batch = services.batch_create(model=served_model().id, **params.validated_data)
+        batch = services.batch_create(model=served_model().id, owner=request_owner(request),
+                                      **params.validated_data)
         return Response(BatchOutputSerializer(batch).data)
 
     @extend_schema(parameters=[BatchListInputSerializer], responses=BatchListSerializer,
@@ -37,7 +39,8 @@ class BatchListCreateView(APIView):
     def get(self, request):
         params = BatchListInputSerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
-        batches = selectors.batch_list(after=params.validated_data.get("after"))
+        batches = selectors.batch_list(after=params.validated_data.get("after"),
+                                       owner=request_owner(request))
         return Response(list_page(batches, limit=params.validated_data["limit"],
                                   serializer_class=BatchOutputSerializer))
 
@@ -45,12 +48,14 @@ class BatchListCreateView(APIView):
 class BatchDetailView(APIView):
     @extend_schema(responses=BatchOutputSerializer, operation_id="batches_retrieve")
     def get(self, request, batch_id: str):
-        return Response(BatchOutputSerializer(services.batch_get(batch_id=batch_id)).data)
+        batch = services.batch_get(batch_id=batch_id, owner=request_owner(request))
+        return Response(BatchOutputSerializer(batch).data)
 
 
 class BatchCancelView(APIView):
     @extend_schema(request=None, responses=BatchOutputSerializer, operation_id="batches_cancel")
     def post(self, request, batch_id: str):
+        services.batch_get(batch_id=batch_id, owner=request_owner(request))
         return Response(BatchOutputSerializer(services.batch_cancel(batch_id=batch_id)).data)
 
 
@@ -64,7 +69,7 @@ class BatchOutputView(APIView):
                    responses={(200, "application/x-ndjson"): OpenApiTypes.BINARY},
                    operation_id="batches_output")
     def get(self, request, batch_id: str):
-        batch = services.batch_get(batch_id=batch_id)
+        batch = services.batch_get(batch_id=batch_id, owner=request_owner(request))
         params = BatchOutputInputSerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
         offset = params.validated_data["offset"]

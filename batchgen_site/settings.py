@@ -56,6 +56,8 @@ BATCHGEN_HEARTBEAT_SECONDS = env.float("BATCHGEN_HEARTBEAT_SECONDS", default=2.0
 # Seconds a client is told to wait when the intake pool is full.
 BATCHGEN_RETRY_AFTER_SECONDS = env.int("BATCHGEN_RETRY_AFTER_SECONDS", default=30)
 BATCHGEN_COMPLETION_WINDOW_HOURS = 24
+# Require an API key on /v1/ even before any key exists (keys: manage.py createapikey).
+BATCHGEN_REQUIRE_AUTH = env.bool("BATCHGEN_REQUIRE_AUTH", default=False)
 BATCHGEN_FILE_EXPIRY_DAYS = env.int("BATCHGEN_FILE_EXPIRY_DAYS", default=30)
 
 # --- Django -----------------------------------------------------------------------
@@ -144,8 +146,8 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.MultiPartParser",
         "rest_framework.parsers.FormParser",
     ],
-    "DEFAULT_AUTHENTICATION_CLASSES": [],
-    "DEFAULT_PERMISSION_CLASSES": [],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["batchgen_site.auth.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["batchgen_site.auth.ApiKeyRequired"],
     "UNAUTHENTICATED_USER": None,
     "EXCEPTION_HANDLER": "batchgen_site.errors.openai_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -156,6 +158,12 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "OpenAI-compatible Batch API for large-scale asynchronous LLM inference.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema and /docs are public; the endpoints they describe are not.
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SERVE_AUTHENTICATION": [],
+    "APPEND_COMPONENTS": {"securitySchemes": {
+        "ApiKey": {"type": "http", "scheme": "bearer"}}},
+    "SECURITY": [{"ApiKey": []}],
     "COMPONENT_SPLIT_REQUEST": True,
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

@@ -29,6 +29,9 @@ class File(models.Model):
     storage_name = models.CharField(max_length=512)
     created_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField(null=True, blank=True)
+    # The API key that uploaded it (null on an open server or for the server's own).
+    owner = models.ForeignKey("batchgen_site.ApiKey", on_delete=models.SET_NULL, null=True,
+                              blank=True, related_name="+")
 
     class Meta:
         ordering = ["-id"]

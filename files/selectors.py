@@ -6,15 +6,21 @@ from batchgen_site.errors import NotFound
 from files.models import File
 
 
-def file_get(*, file_id: str) -> File:
+def visible_files(owner=None) -> QuerySet[File]:
+    """The files a client may see: its own when it has an API key, all on an open server."""
+    return File.objects.filter(owner=owner) if owner is not None else File.objects.all()
+
+
+def file_get(*, file_id: str, owner=None) -> File:
     try:
-        return File.objects.get(id=file_id)
+        return visible_files(owner).get(id=file_id)
     except File.DoesNotExist:
         raise NotFound(f"No such file: {file_id}", param="file_id") from None
 
 
-def file_list(*, purpose: str | None, order: str, after: str | None) -> QuerySet[File]:
-    files = File.objects.all()
+def file_list(*, purpose: str | None, order: str, after: str | None,
+              owner=None) -> QuerySet[File]:
+    files = visible_files(owner)
     if purpose:
         files = files.filter(purpose=purpose)
     if order == "asc":

@@ -34,7 +34,7 @@ def sanitize_filename(name: str | None) -> str:
     return name[:255]
 
 
-def file_upload(*, upload: StreamedUpload, purpose: str) -> File:
+def file_upload(*, upload: StreamedUpload, purpose: str, owner=None) -> File:
     """Move a fully streamed upload into place and record it. The row is created
     only after the bytes are durable under their final name."""
     if purpose != FilePurpose.BATCH:
@@ -58,6 +58,7 @@ def file_upload(*, upload: StreamedUpload, purpose: str) -> File:
             status=FileStatus.UPLOADED,
             storage_name=name,
             expires_at=_expiry(),
+            owner=owner,
         )
     except Exception:
         final.unlink(missing_ok=True)
@@ -69,7 +70,7 @@ def _expiry():
     return timezone.now() + timedelta(days=days) if days > 0 else None
 
 
-def file_register_output(*, batch_id: str) -> File:
+def file_register_output(*, batch_id: str, owner=None) -> File:
     """Register a batch's incremental file as its output file (it is the same file)."""
     name = storage.incremental_name(batch_id)
     path = storage.absolute(name)
@@ -85,6 +86,7 @@ def file_register_output(*, batch_id: str) -> File:
         status=FileStatus.PROCESSED,
         storage_name=name,
         expires_at=_expiry(),
+        owner=owner,
     )
 
 

@@ -9,6 +9,7 @@ from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from batchgen_site.auth import request_owner
 from batchgen_site.pagination import list_page
 from files import selectors, services, storage
 from files.serializers import (
@@ -38,7 +39,8 @@ class FileListCreateView(APIView):
             params = FileUploadInputSerializer(data=request.data)
             params.is_valid(raise_exception=True)
             upload = params.validated_data["file"]
-            file = services.file_upload(upload=upload, purpose=params.validated_data["purpose"])
+            file = services.file_upload(upload=upload, purpose=params.validated_data["purpose"],
+                                        owner=request_owner(request))
             for handler in _streaming_handlers(request):
                 handler.claim(upload.path)
         finally:
@@ -53,7 +55,7 @@ class FileListCreateView(APIView):
         params.is_valid(raise_exception=True)
         query = params.validated_data
         files = selectors.file_list(purpose=query.get("purpose"), order=query["order"],
-                                    after=query.get("after"))
+                                    after=query.get("after"), owner=request_owner(request))
         return Response(list_page(files, limit=query["limit"],
                                   serializer_class=FileOutputSerializer))
 
@@ -65,11 +67,12 @@ def _streaming_handlers(request):
 class FileDetailView(APIView):
     @extend_schema(responses=FileOutputSerializer, operation_id="files_retrieve")
     def get(self, request, file_id: str):
-        return Response(FileOutputSerializer(selectors.file_get(file_id=file_id)).data)
+        file = selectors.file_get(file_id=file_id, owner=request_owner(request))
+        return Response(FileOutputSerializer(file).data)
 
     @extend_schema(responses=FileDeletedSerializer, operation_id="files_delete")
     def delete(self, request, file_id: str):
-        file = selectors.file_get(file_id=file_id)
+        file = selectors.file_get(file_id=file_id, owner=request_owner(request))
         services.file_delete(file=file)
         return Response({"id": file_id, "object": "file", "deleted": True})
 
@@ -91,7 +94,7 @@ class FileContentView(APIView):
         response=OpenApiTypes.BINARY, description="The file's bytes")},
         operation_id="files_content")
     def get(self, request, file_id: str):
-        file = selectors.file_get(file_id=file_id)
+        file = selectors.file_get(file_id=file_id, owner=request_owner(request))
         try:
             handle = storage.absolute(file.storage_name).open("rb")
         except FileNotFoundError:

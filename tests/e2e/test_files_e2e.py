@@ -58,3 +58,24 @@ def test_client_disconnect_mid_upload_leaves_nothing(server):
                message="the partial upload to be removed")
     assert api.http.get("/v1/files").json()["data"] == []
     assert list(partials.iterdir()) == []
+
+
+def test_api_keys_with_the_openai_sdk(start_server, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.e2e.harness import ROOT
+
+    srv, api = start_server()
+    created = subprocess.run([sys.executable, "manage.py", "createapikey", "sdk-user"],
+                             cwd=ROOT, env=srv.env, capture_output=True, text=True, check=True)
+    key = created.stdout.strip()
+    path = tmp_path / "input.jsonl"
+    path.write_bytes(chat_lines(2))
+
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="bg-wrong").files.list()
+    client = openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key=key)
+    uploaded = client.files.create(file=path.open("rb"), purpose="batch")
+    assert [f.id for f in client.files.list().data] == [uploaded.id]
+    assert api.http.get("/v1/files").status_code == 401

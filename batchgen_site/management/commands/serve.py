@@ -68,8 +68,11 @@ class Command(BaseCommand):
         if settings.BATCHGEN_ENGINE == "simulated":
             logger.warning("the SIMULATED engine is running: output is synthetic, for load "
                            "and fault tests only")
-        if listen_ip not in ("127.0.0.1", "::1", "localhost"):
-            logger.warning("listening on %s: anyone who reaches this address can use the API",
+        from batchgen_site.auth import auth_required
+
+        if listen_ip not in ("127.0.0.1", "::1", "localhost") and not auth_required():
+            logger.warning("listening on %s without API keys: anyone who reaches this address "
+                           "can use the API (create a key with `manage.py createapikey NAME`)",
                            listen_ip)
 
     def _programs(self, options) -> list[Program]:

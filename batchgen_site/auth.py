@@ -1,0 +1,78 @@
+"""API keys: `Authorization: Bearer <key>`, as the openai SDK sends it.
+
+While no key exists (and BATCHGEN_REQUIRE_AUTH is off) the API is open, for local
+use. Once any key exists every /v1/ endpoint needs one, and each key sees only its
+own files and batches (another key's are answered 404, as if they did not exist)."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+from rest_framework import authentication, exceptions, permissions
+
+from batchgen_site.models import ApiKey
+
+KEY_PREFIX = "bg-"
+
+
+def hash_key(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def apikey_create(*, name: str) -> tuple[ApiKey, str]:
+    """Create a key; the raw key is returned once and never stored."""
+    raw = KEY_PREFIX + secrets.token_urlsafe(32)
+    key = ApiKey.objects.create(name=name, prefix=raw[:10], hashed_key=hash_key(raw))
+    return key, raw
+
+
+def apikey_revoke(*, prefix: str) -> int:
+    return ApiKey.objects.filter(prefix=prefix, revoked_at__isnull=True).update(
+        revoked_at=timezone.now())
+
+
+def auth_required() -> bool:
+    """Keys are required once any key was ever created (revoking them all must not
+    reopen the server) or when BATCHGEN_REQUIRE_AUTH is set."""
+    return settings.BATCHGEN_REQUIRE_AUTH or ApiKey.objects.exists()
+
+
+class ApiKeyAuthentication(authentication.BaseAuthentication):
+    def authenticate(self, request):
+        header = authentication.get_authorization_header(request).split()
+        if not header or header[0].lower() != b"bearer":
+            return None
+        if len(header) != 2:
+            raise exceptions.AuthenticationFailed("Malformed Authorization header.")
+        try:
+            raw = header[1].decode()
+        except UnicodeDecodeError:
+            raise exceptions.AuthenticationFailed("Malformed API key.") from None
+        key = ApiKey.objects.filter(hashed_key=hash_key(raw), revoked_at__isnull=True).first()
+        if key is None:
+            if not auth_required():
+                return None  # open server: a placeholder key (the SDK insists) is fine
+            raise exceptions.AuthenticationFailed("Incorrect API key provided.")
+        now = timezone.now()
+        if key.last_used_at is None or now - key.last_used_at > timedelta(minutes=1):
+            ApiKey.objects.filter(id=key.id).update(last_used_at=now)
+        return key, key
+
+    def authenticate_header(self, request):
+        return 'Bearer realm="batchgen"'
+
+
+class ApiKeyRequired(permissions.BasePermission):
+    message = "You must provide an API key (Authorization: Bearer <key>)."
+
+    def has_permission(self, request, view):
+        return isinstance(request.auth, ApiKey) or not auth_required()
+
+
+def request_owner(request) -> ApiKey | None:
+    """Whose objects a request may see: its key, or None (all) on an open server."""
+    return request.auth if isinstance(request.auth, ApiKey) else None
