@@ -156,6 +156,11 @@ def incremental_tail(batch_id: str, *, lines: int = TAIL_LINES,
 
 # --- the admin ----------------------------------------------------------------------
 
+admin.site.site_header = "BatchGen"
+admin.site.site_title = "BatchGen admin"
+admin.site.index_title = "Batches, files and workers"
+admin.site.site_url = None  # the server has no public home page to "view"
+
 
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Rows that only services may write: viewable, never added or hand-edited."""

@@ -76,6 +76,8 @@ class Batch(models.Model):
     # Fair sharing (batches.dispatch): a batch's share of the SchedulingPool is
     # proportional to its priority; dispatch_pass is its stride-scheduling position.
     priority = models.PositiveIntegerField(default=1)
+    # Chunks are ranges of the order file {storage}/chunks/{id}.order (prefix grouping).
+    grouped = models.BooleanField(default=False)
     owner = models.ForeignKey("batchgen_site.ApiKey", on_delete=models.SET_NULL, null=True,
                               blank=True, related_name="+")
     dispatch_pass = models.FloatField(default=0.0)

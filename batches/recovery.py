@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.conf import settings
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
@@ -18,9 +19,11 @@ from inference.services import chunks_requeue_expired
 
 logger = logging.getLogger("batchgen.batches")
 
-# A validation that has not finished after this long is assumed lost with its
-# worker and is run again (validation is idempotent: only one run can enqueue).
-VALIDATION_TIMEOUT = timedelta(minutes=10)
+
+def validation_timeout() -> timedelta:
+    """A validation that has not finished after this long is assumed lost with its
+    worker and is run again (validation is idempotent: only one run can enqueue)."""
+    return timedelta(seconds=settings.BATCHGEN_VALIDATION_TIMEOUT_SECONDS)
 
 
 @dataclass
@@ -47,7 +50,7 @@ def recover() -> RecoveryReport:
 
     stuck = Batch.objects.filter(
         status=BatchStatus.VALIDATING,
-        validation_started_at__lt=timezone.now() - VALIDATION_TIMEOUT,
+        validation_started_at__lt=timezone.now() - validation_timeout(),
     ).values_list("id", flat=True)
     for batch_id in stuck:
         Batch.objects.filter(id=batch_id).update(validation_started_at=None)

@@ -138,12 +138,15 @@ def batch_validate(*, batch_id: str) -> Batch:
     if batch.status != S.VALIDATING:
         return batch
     Batch.objects.filter(id=batch_id).update(validation_started_at=timezone.now())
+    order_path = (storage.absolute(storage.order_name(batch_id))
+                  if settings.BATCHGEN_PREFIX_GROUPING else None)
     report = validate_file(
         storage.absolute(batch.input_file.storage_name),
         endpoint=batch.endpoint,
         chunk_size=settings.BATCHGEN_CHUNK_SIZE,
         max_line_bytes=settings.BATCHGEN_MAX_LINE_BYTES,
         max_requests=settings.BATCHGEN_MAX_REQUESTS_PER_BATCH,
+        order_path=order_path,
     )
     if report.invalid:
         shown = len(report.errors)
@@ -182,7 +185,7 @@ def batch_validate(*, batch_id: str) -> Batch:
             batch_size=1000,
         )
         batch_transition(batch_id=batch_id, to=S.IN_PROGRESS, total=report.total,
-                         dispatch_pass=starting_pass())
+                         dispatch_pass=starting_pass(), grouped=report.grouped)
         transaction.on_commit(dispatch)
     return batch_get(batch_id=batch_id)
 
@@ -286,6 +289,8 @@ def batch_finalize(*, batch_id: str) -> Batch:
     elif batch.status == S.CANCELLING:
         batch_transition(batch_id=batch_id, to=S.CANCELLED)
     intake.intake_release(batch_id=batch_id)
+    # No chunk will be read again: the order file of a grouped batch can go.
+    storage.absolute(storage.order_name(batch_id)).unlink(missing_ok=True)
     return batch_get(batch_id=batch_id)
 
 

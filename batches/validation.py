@@ -16,6 +16,8 @@ from typing import Any
 
 import orjson
 
+from batches.chunking import ContiguousChunker, PrefixGroupingChunker, read_order
+
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 BOM = b"\xef\xbb\xbf"
@@ -38,6 +40,7 @@ class ValidationReport:
     invalid: int = 0
     errors: list[dict[str, Any]] = field(default_factory=list)
     chunks: list[ChunkSpan] = field(default_factory=list)
+    grouped: bool = False  # chunks are ranges of the order file, not of the input
 
     def add_error(self, line: int, code: str, message: str, param: str | None = None) -> None:
         self.invalid += 1
@@ -167,56 +170,71 @@ def check_sampling(values: dict[str, Any], *, prefix: str = "") -> None:
 
 
 def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes: int,
-                  max_requests: int) -> ValidationReport:
+                  max_requests: int, order_path: Path | None = None) -> ValidationReport:
+    """Check every line once and cut the valid requests into chunks: byte ranges of
+    the input, or, with `order_path`, ranges of an order file that groups requests
+    sharing a prompt prefix (batches/chunking.py)."""
     report = ValidationReport()
+    chunker = (PrefixGroupingChunker(chunk_size, order_path) if order_path is not None
+               else ContiguousChunker(chunk_size))
     seen: set[bytes] = set()
-    chunk_start = 0
-    chunk_first_line = 0
-    chunk_count = 0
     previous_offset = 0
-    for line_number, offset, raw in iter_lines(path, max_line_bytes=max_line_bytes):
-        line_start = previous_offset
-        previous_offset = offset
-        if raw is None:
-            report.add_error(line_number, "line_too_long",
-                             f"Line is longer than {max_line_bytes} bytes.")
-            continue
-        if line_number == 1 and raw.startswith(BOM):
-            raw = raw[len(BOM):]
-        if not raw.strip():
-            continue
-        try:
-            item = parse_line(raw, endpoint=endpoint)
-        except LineError as error:
-            report.add_error(line_number, error.code, error.message, error.param)
-            continue
-        digest = hashlib.blake2b(item["custom_id"].encode(), digest_size=8).digest()
-        if digest in seen:
-            report.add_error(line_number, "duplicate_custom_id",
-                             f"custom_id {item['custom_id']!r} appears more than once.",
-                             "custom_id")
-            continue
-        seen.add(digest)
-        report.total += 1
-        if chunk_count == 0:
-            chunk_start, chunk_first_line = line_start, line_number
-        chunk_count += 1
-        if chunk_count == chunk_size:
-            report.chunks.append(ChunkSpan(chunk_start, offset, chunk_first_line, chunk_count))
-            chunk_count = 0
-        if report.total > max_requests:
-            report.add_error(line_number, "too_many_requests",
-                             f"A batch holds at most {max_requests} requests.")
-            break
-    if chunk_count:
-        report.chunks.append(ChunkSpan(chunk_start, previous_offset, chunk_first_line,
-                                       chunk_count))
+    try:
+        for line_number, offset, raw in iter_lines(path, max_line_bytes=max_line_bytes):
+            line_start = previous_offset
+            previous_offset = offset
+            if raw is None:
+                report.add_error(line_number, "line_too_long",
+                                 f"Line is longer than {max_line_bytes} bytes.")
+                continue
+            if line_number == 1 and raw.startswith(BOM):
+                raw = raw[len(BOM):]
+                line_start += len(BOM)
+            if not raw.strip():
+                continue
+            try:
+                item = parse_line(raw, endpoint=endpoint)
+            except LineError as error:
+                report.add_error(line_number, error.code, error.message, error.param)
+                continue
+            digest = hashlib.blake2b(item["custom_id"].encode(), digest_size=8).digest()
+            if digest in seen:
+                report.add_error(line_number, "duplicate_custom_id",
+                                 f"custom_id {item['custom_id']!r} appears more than once.",
+                                 "custom_id")
+                continue
+            seen.add(digest)
+            report.total += 1
+            if report.total > max_requests:
+                report.add_error(line_number, "too_many_requests",
+                                 f"A batch holds at most {max_requests} requests.")
+                break
+            if not report.invalid:  # once a line is bad nothing will be queued
+                chunker.add(start=line_start, end=offset, line=line_number, item=item,
+                            endpoint=endpoint)
+        chunker.finish()
+    except BaseException:
+        chunker.discard()
+        raise
+    if report.invalid:
+        chunker.discard()
+        return report
+    report.grouped = chunker.grouped
+    report.chunks = [ChunkSpan(*chunk) for chunk in chunker.chunks]
     return report
 
 
-def read_chunk(path: Path, *, start: int, end: int, max_line_bytes: int
-               ) -> list[dict[str, Any]]:
-    """The requests of one chunk, [start, end) in bytes, already validated."""
+def read_chunk(path: Path, *, start: int, end: int, max_line_bytes: int,
+               order_path: Path | None = None) -> list[dict[str, Any]]:
+    """The requests of one chunk, already validated: [start, end) in bytes of the
+    input, or of the order file when the batch's chunks are prefix-grouped."""
+    if order_path is not None:
+        requests = []
+        with path.open("rb") as fh:
+            for offset, length in read_order(order_path, start, end):
+                fh.seek(offset)
+                requests.append(orjson.loads(fh.read(length)))
+        return requests
     requests = []
     for _, _, raw in iter_lines(path, start=start, end=end, max_line_bytes=max_line_bytes):
         if raw is None:

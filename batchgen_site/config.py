@@ -39,5 +39,7 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
             "fill reasoning_content with vLLM's reasoning parser", is_bool=True),
     Setting("--tool-call-parser", "BATCHGEN_TOOL_CALL_PARSER", "",
             "vLLM tool call parser name (e.g. hermes) that fills tool_calls"),
+    Setting("--prefix-grouping", "BATCHGEN_PREFIX_GROUPING", "true",
+            "group requests sharing a prompt prefix into the same chunks ('false' to turn off)"),
     Setting("--flower-port", "BATCHGEN_FLOWER_PORT", "5555", "Flower's port (0 = no Flower)"),
 )

@@ -48,8 +48,16 @@ BATCHGEN_MAX_REQUESTS_PER_BATCH = env.int("BATCHGEN_MAX_REQUESTS_PER_BATCH", def
 # intake figure move often and a crashed chunk redoes little; large enough that a
 # million-request batch is a few thousand messages and rows.
 BATCHGEN_CHUNK_SIZE = env.int("BATCHGEN_CHUNK_SIZE", default=200)
+# Put requests that share a prompt prefix in the same chunks so the engine's prefix
+# cache computes the shared part once (batches/chunking.py). On by default.
+BATCHGEN_PREFIX_GROUPING = env.bool("BATCHGEN_PREFIX_GROUPING", default=True)
 # A running chunk whose worker stopped renewing its lease for this long is requeued.
 BATCHGEN_CHUNK_LEASE_SECONDS = env.int("BATCHGEN_CHUNK_LEASE_SECONDS", default=60)
+# A validation not finished after this long is assumed lost with its control worker
+# and is run again by recovery (batches/recovery.py). Generous: a 10 GiB input takes
+# minutes to validate.
+BATCHGEN_VALIDATION_TIMEOUT_SECONDS = env.int("BATCHGEN_VALIDATION_TIMEOUT_SECONDS",
+                                              default=600)
 # A worker is alive while its heartbeat is younger than this.
 BATCHGEN_WORKER_TTL_SECONDS = env.int("BATCHGEN_WORKER_TTL_SECONDS", default=30)
 BATCHGEN_HEARTBEAT_SECONDS = env.float("BATCHGEN_HEARTBEAT_SECONDS", default=2.0)

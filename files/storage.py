@@ -24,6 +24,11 @@ def incremental_name(batch_id: str) -> str:
     return f"incremental/{batch_id}.jsonl"
 
 
+def order_name(batch_id: str) -> str:
+    """The order file of a batch whose chunks are prefix-grouped (batches/chunking.py)."""
+    return f"chunks/{batch_id}.order"
+
+
 def ensure_dirs() -> None:
     for path in (settings.UPLOADS_DIR, settings.INCREMENTAL_DIR, settings.RUN_DIR):
         path.mkdir(parents=True, exist_ok=True)

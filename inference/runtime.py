@@ -175,7 +175,8 @@ class InferenceRuntime:
         if work is None:
             return "not claimed"
         requests = read_chunk(Path(work.input_path), start=work.start_offset,
-                              end=work.end_offset, max_line_bytes=settings.BATCHGEN_MAX_LINE_BYTES)
+                              end=work.end_offset, max_line_bytes=settings.BATCHGEN_MAX_LINE_BYTES,
+                              order_path=Path(work.order_path) if work.order_path else None)
         output = Path(work.output_path)
         if work.attempts > 1:
             # A redelivery: skip what an earlier attempt already wrote.

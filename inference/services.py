@@ -38,6 +38,7 @@ class ChunkWork:
     endpoint: str
     input_path: str
     output_path: str
+    order_path: str | None  # prefix-grouped chunks: a range of this file
     start_offset: int
     end_offset: int
     count: int
@@ -75,6 +76,8 @@ def chunk_claim(*, chunk_id: int, worker: str) -> ChunkWork | None:
         chunk_id=chunk.id, batch_id=batch.id, index=chunk.index, endpoint=batch.endpoint,
         input_path=str(storage.absolute(batch.input_file.storage_name)),
         output_path=str(storage.absolute(storage.incremental_name(batch.id))),
+        order_path=(str(storage.absolute(storage.order_name(batch.id))) if batch.grouped
+                    else None),
         start_offset=chunk.start_offset, end_offset=chunk.end_offset, count=chunk.count,
         attempts=chunk.attempts, completed=chunk.completed, failed=chunk.failed,
         params=BatchParams(

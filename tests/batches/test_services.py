@@ -51,6 +51,7 @@ def test_validate_enqueues_chunks_covering_every_line(
         create_batch, settings, storage, published, reserved,
         django_capture_on_commit_callbacks):
     settings.BATCHGEN_CHUNK_SIZE = 2
+    settings.BATCHGEN_PREFIX_GROUPING = False  # chunks as byte ranges of the input
     content = jsonl([chat_line(f"r{i}", "z" * i) for i in range(5)])
     batch = create_batch(content=content)
 
