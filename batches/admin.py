@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import datetime
+from urllib.parse import urlencode
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponseNotAllowed, HttpResponseRedirect, JsonResponse
@@ -130,7 +132,7 @@ def file_links(file_id: str | None) -> str:
         return "–"
     return format_html(
         '<a href="{}">{}</a> · <a href="/v1/files/{}/content" class="bg-download">download</a>',
-        reverse("admin:files_file_change", args=[file_id]), file_id, file_id)
+        reverse("admin:files_file_change", args=[quote(file_id)]), file_id, file_id)
 
 
 def incremental_tail(batch_id: str, *, lines: int = TAIL_LINES,
@@ -286,7 +288,8 @@ class BatchAdmin(ReadOnlyAdmin):
                          .annotate(n=Count("id")).values_list("status", "n"))
         if not by_status:
             return "–"
-        url = reverse("admin:batches_chunk_changelist") + f"?batch__id__exact={obj.id}"
+        url = reverse("admin:batches_chunk_changelist") + "?" + urlencode(
+            {"batch__id__exact": obj.id})
         return format_html("{} · <a href='{}'>view chunks</a>", ", ".join(
             f"{n} {status}" for status, n in sorted(by_status.items())), url)
 
@@ -320,7 +323,7 @@ class BatchAdmin(ReadOnlyAdmin):
         """The detail page's cancel button: POST only, then back to the page."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        batch = get_object_or_404(Batch, id=object_id)
+        batch = get_object_or_404(Batch, id=unquote(object_id))
         if not self.has_cancel_permission(request):
             raise PermissionDenied
         try:
@@ -329,7 +332,8 @@ class BatchAdmin(ReadOnlyAdmin):
             self.message_user(request, exc.message, messages.ERROR)
         else:
             self.message_user(request, f"Batch {batch.id} is {batch.status}.", messages.SUCCESS)
-        return HttpResponseRedirect(reverse("admin:batches_batch_change", args=[batch.id]))
+        return HttpResponseRedirect(reverse("admin:batches_batch_change",
+                                            args=[quote(batch.id)]))
 
     def progress_view(self, request):
         """Figures for the batches a page shows, polled by its script every few
@@ -360,6 +364,6 @@ class ChunkAdmin(ReadOnlyAdmin):
     @admin.display(description="batch", ordering="batch_id")
     def batch_link(self, obj: Chunk) -> str:
         return format_html('<a href="{}">{}</a>',
-                           reverse("admin:batches_batch_change", args=[obj.batch_id]),
+                           reverse("admin:batches_batch_change", args=[quote(obj.batch_id)]),
                            obj.batch_id)
 

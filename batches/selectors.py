@@ -27,7 +27,8 @@ def pool_status() -> dict:
 
     intake_pool_size counts requests admitted and not yet inside an engine: the
     reservation (admitted, not finished) less what the live workers run now."""
-    slots = live_workers().aggregate(active=Sum("slots_active"), capacity=Sum("slots_capacity"))
+    slots = live_workers().aggregate(active=Sum("slots_active"), capacity=Sum("slots_capacity"),
+                                     tokens=Sum("tokens_active"), budget=Sum("token_budget"))
     active = slots["active"] or 0
     capacity = slots["capacity"] or 0
     return {
@@ -38,4 +39,7 @@ def pool_status() -> dict:
         "scheduling_pool_capacity": capacity,
         "active_batches": Batch.objects.filter(status__in=ACTIVE_STATUSES).count(),
         "pool_mode": True,
+        # Length-aware admission (estimated tokens inside engines, and their budget).
+        "scheduling_pool_tokens_active": slots["tokens"] or 0,
+        "scheduling_pool_token_budget": slots["budget"],
     }

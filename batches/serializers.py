@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.conf import settings
 from rest_framework import serializers
 
 from batches.models import Batch, Endpoint
@@ -7,11 +8,11 @@ from batchgen_site.pagination import list_envelope_serializer
 from files.serializers import UnixTimestampField
 from inference.model_info import served_model
 
-METADATA_MAX_KEYS = 16
-METADATA_MAX_KEY_LENGTH = 64
-METADATA_MAX_VALUE_LENGTH = 512
 # metadata["priority"]: a batch's weight in fair sharing (batches.dispatch).
 MAX_PRIORITY = 100
+# The batch's integer columns are 32-bit (PostgreSQL `integer`): a larger value is a
+# 400 here rather than a database error.
+MAX_INT = 2**31 - 1
 
 
 class BatchCreateInputSerializer(serializers.Serializer):
@@ -19,25 +20,43 @@ class BatchCreateInputSerializer(serializers.Serializer):
     endpoint = serializers.ChoiceField(choices=Endpoint.values, default=Endpoint.CHAT.value)
     completion_window = serializers.ChoiceField(choices=["24h"], default="24h")
     metadata = serializers.DictField(
-        child=serializers.CharField(max_length=METADATA_MAX_VALUE_LENGTH, allow_blank=True),
-        required=False, allow_null=True,
+        child=serializers.CharField(allow_blank=True), required=False, allow_null=True,
     )
-    max_decoding_length = serializers.IntegerField(min_value=1, required=False, allow_null=True)
-    max_context_length = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    max_decoding_length = serializers.IntegerField(min_value=1, max_value=MAX_INT,
+                                                   required=False, allow_null=True)
+    max_context_length = serializers.IntegerField(min_value=1, max_value=MAX_INT,
+                                                  required=False, allow_null=True)
     temperature = serializers.FloatField(min_value=0, required=False, allow_null=True)
     top_p = serializers.FloatField(required=False, allow_null=True)
-    top_k = serializers.IntegerField(min_value=0, required=False, allow_null=True)
+    top_k = serializers.IntegerField(min_value=0, max_value=MAX_INT, required=False,
+                                     allow_null=True)
 
     def validate_metadata(self, value):
+        """The limits are settings (read per request), so they are checked here rather
+        than fixed into the fields when the class is defined."""
         if value is None:
             return value
-        if len(value) > METADATA_MAX_KEYS:
+        max_keys = settings.BATCHGEN_MAX_METADATA_KEYS
+        max_key = settings.BATCHGEN_MAX_METADATA_KEY_CHARS
+        max_value = settings.BATCHGEN_MAX_METADATA_VALUE_CHARS
+        if len(value) > max_keys:
             raise serializers.ValidationError(
-                f"metadata holds at most {METADATA_MAX_KEYS} keys.")
-        for key in value:
-            if len(key) > METADATA_MAX_KEY_LENGTH:
+                f"metadata holds at most {max_keys} keys (BATCHGEN_MAX_METADATA_KEYS); "
+                f"got {len(value)}.", code="metadata_too_large")
+        for key, item in value.items():
+            if len(key) > max_key:
                 raise serializers.ValidationError(
-                    f"metadata keys are at most {METADATA_MAX_KEY_LENGTH} characters.")
+                    f"metadata keys are at most {max_key} characters "
+                    f"(BATCHGEN_MAX_METADATA_KEY_CHARS); got one of {len(key)}.",
+                    code="metadata_too_large")
+            if "\x00" in key:
+                # Values are checked by their CharField; PostgreSQL's jsonb refuses NUL.
+                raise serializers.ValidationError("metadata keys may not contain NUL.")
+            if len(item) > max_value:
+                raise serializers.ValidationError(
+                    f"metadata values are at most {max_value} characters "
+                    f"(BATCHGEN_MAX_METADATA_VALUE_CHARS); {key!r} has {len(item)}.",
+                    code="metadata_too_large")
         return value
 
     def validate(self, attrs):
@@ -146,3 +165,5 @@ class PoolStatusSerializer(serializers.Serializer):
     scheduling_pool_capacity = serializers.IntegerField()
     active_batches = serializers.IntegerField()
     pool_mode = serializers.BooleanField()
+    scheduling_pool_tokens_active = serializers.IntegerField()
+    scheduling_pool_token_budget = serializers.IntegerField(allow_null=True)

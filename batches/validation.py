@@ -100,12 +100,19 @@ def parse_line(raw: bytes, *, endpoint: str) -> dict[str, Any]:
     if item.get("url") != endpoint:
         raise LineError("invalid_url",
                         f"url must be {endpoint!r}, the endpoint of this batch "
-                        f"(got {item.get('url')!r}).", "url")
+                        f"(got {_shown(item.get('url'))}).", "url")
     body = item.get("body")
     if not isinstance(body, dict):
         raise LineError("invalid_body", "body must be a JSON object.", "body")
     check_body(body, endpoint=endpoint)
     return item
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """A value quoted in an error message, cut short: a line may be megabytes, and
+    up to MAX_LISTED_ERRORS messages are kept on the batch."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def check_body(body: dict[str, Any], *, endpoint: str) -> None:
@@ -185,7 +192,8 @@ def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes:
             previous_offset = offset
             if raw is None:
                 report.add_error(line_number, "line_too_long",
-                                 f"Line is longer than {max_line_bytes} bytes.")
+                                 f"Line is longer than the server's limit of "
+                                 f"{max_line_bytes} bytes (BATCHGEN_MAX_LINE_BYTES).")
                 continue
             if line_number == 1 and raw.startswith(BOM):
                 raw = raw[len(BOM):]
@@ -207,7 +215,8 @@ def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes:
             report.total += 1
             if report.total > max_requests:
                 report.add_error(line_number, "too_many_requests",
-                                 f"A batch holds at most {max_requests} requests.")
+                                 f"A batch holds at most {max_requests} requests "
+                                 "(BATCHGEN_MAX_REQUESTS_PER_BATCH); this line is one more.")
                 break
             if not report.invalid:  # once a line is bad nothing will be queued
                 chunker.add(start=line_start, end=offset, line=line_number, item=item,

@@ -16,16 +16,25 @@ from batches.serializers import (
     PoolStatusSerializer,
 )
 from batchgen_site.auth import request_owner
-from batchgen_site.errors import BatchGenError
+from batchgen_site.errors import BatchGenError, checked_id, error_responses
 from batchgen_site.pagination import list_page
+from batchgen_site.parsers import JSONParser
 from files import storage
 from files.incremental import read_range, whole_lines_end
 from files.views import IgnoreClientContentNegotiation
 from inference.model_info import served_model
 
 
+def _batch_id(batch_id: str) -> str:
+    return checked_id(batch_id, kind="batch", param="batch_id")
+
+
 class BatchListCreateView(APIView):
-    @extend_schema(request=BatchCreateInputSerializer, responses=BatchOutputSerializer,
+    parser_classes = [JSONParser]  # a batch is created from a JSON body, as with OpenAI
+
+    @extend_schema(request=BatchCreateInputSerializer,
+                   responses={200: BatchOutputSerializer,
+                              **error_responses(400, 401, 413, 415, 429)},
                    operation_id="batches_create")
     def post(self, request):
         params = BatchCreateInputSerializer(data=request.data)
@@ -34,7 +43,8 @@ class BatchListCreateView(APIView):
                                       **params.validated_data)
         return Response(BatchOutputSerializer(batch).data)
 
-    @extend_schema(parameters=[BatchListInputSerializer], responses=BatchListSerializer,
+    @extend_schema(parameters=[BatchListInputSerializer],
+                   responses={200: BatchListSerializer, **error_responses(400, 401)},
                    operation_id="batches_list")
     def get(self, request):
         params = BatchListInputSerializer(data=request.query_params)
@@ -46,16 +56,19 @@ class BatchListCreateView(APIView):
 
 
 class BatchDetailView(APIView):
-    @extend_schema(responses=BatchOutputSerializer, operation_id="batches_retrieve")
+    @extend_schema(responses={200: BatchOutputSerializer, **error_responses(401, 404)},
+                   operation_id="batches_retrieve")
     def get(self, request, batch_id: str):
-        batch = services.batch_get(batch_id=batch_id, owner=request_owner(request))
+        batch = services.batch_get(batch_id=_batch_id(batch_id), owner=request_owner(request))
         return Response(BatchOutputSerializer(batch).data)
 
 
 class BatchCancelView(APIView):
-    @extend_schema(request=None, responses=BatchOutputSerializer, operation_id="batches_cancel")
+    @extend_schema(request=None,
+                   responses={200: BatchOutputSerializer, **error_responses(400, 401, 404)},
+                   operation_id="batches_cancel")
     def post(self, request, batch_id: str):
-        services.batch_get(batch_id=batch_id, owner=request_owner(request))
+        services.batch_get(batch_id=_batch_id(batch_id), owner=request_owner(request))
         return Response(BatchOutputSerializer(services.batch_cancel(batch_id=batch_id)).data)
 
 
@@ -66,10 +79,11 @@ class BatchOutputView(APIView):
     content_negotiation_class = IgnoreClientContentNegotiation
 
     @extend_schema(parameters=[BatchOutputInputSerializer],
-                   responses={(200, "application/x-ndjson"): OpenApiTypes.BINARY},
+                   responses={(200, "application/x-ndjson"): OpenApiTypes.BINARY,
+                              **error_responses(400, 401, 404)},
                    operation_id="batches_output")
     def get(self, request, batch_id: str):
-        batch = services.batch_get(batch_id=batch_id, owner=request_owner(request))
+        batch = services.batch_get(batch_id=_batch_id(batch_id), owner=request_owner(request))
         params = BatchOutputInputSerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
         offset = params.validated_data["offset"]
@@ -86,6 +100,7 @@ class BatchOutputView(APIView):
 
 
 class PoolStatusView(APIView):
-    @extend_schema(responses=PoolStatusSerializer, operation_id="pool_status")
+    @extend_schema(responses={200: PoolStatusSerializer, **error_responses(401)},
+                   operation_id="pool_status")
     def get(self, request):
         return Response(PoolStatusSerializer(selectors.pool_status()).data)

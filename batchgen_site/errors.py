@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import logging
 
-from django.core.exceptions import RequestDataTooBig
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import Http404, JsonResponse, UnreadablePostError
-from rest_framework import exceptions, status
+from drf_spectacular.utils import OpenApiResponse
+from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
@@ -55,6 +57,15 @@ class CapacityFull(BatchGenError):
         self.retry_after = retry_after
 
 
+def checked_id(value: str, *, kind: str, param: str) -> str:
+    """An object id from a URL path, fit to be looked up. No id holds NUL, and
+    PostgreSQL refuses a query that does (instead of finding nothing), so such an id
+    is answered 404 here, before it reaches the database."""
+    if "\x00" in value:
+        raise NotFound(f"No such {kind}: {value!r}", param=param)
+    return value
+
+
 def envelope(message: str, *, error_type: str, param: str | None = None,
              code: str | None = None) -> dict:
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
@@ -98,8 +109,15 @@ def openai_exception_handler(exc, context) -> Response:
             response["Retry-After"] = str(exc.retry_after)
         return response
     if isinstance(exc, RequestDataTooBig):
-        exc = exceptions.ValidationError(str(exc))
-        exc.status_code = 413
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return Response(envelope(
+            f"The request body is larger than the server's limit of {limit} bytes "
+            "(BATCHGEN_MAX_REQUEST_BODY_BYTES); files go through POST /v1/files.",
+            error_type="invalid_request_error", code="request_too_large"), status=413)
+    if isinstance(exc, SuspiciousOperation):
+        # Too many form fields or files, a malformed multipart part: Django's own
+        # refusals of a request, which DRF does not know (they would be a 500).
+        exc = exceptions.ParseError(str(exc))
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     if isinstance(exc, UnreadablePostError):
@@ -126,6 +144,35 @@ def openai_exception_handler(exc, context) -> Response:
         param=param, code=code,
     )
     return response
+
+
+class ErrorDetailSerializer(serializers.Serializer):
+    message = serializers.CharField()
+    type = serializers.CharField()
+    param = serializers.CharField(allow_null=True)
+    code = serializers.CharField(allow_null=True)
+
+
+class ErrorEnvelopeSerializer(serializers.Serializer):
+    """The body of every error answer, for the OpenAPI schema."""
+
+    error = ErrorDetailSerializer()
+
+
+_ERROR_DESCRIPTIONS = {
+    400: "Invalid request: the parameter at fault is named in `error.param`.",
+    401: "Missing or wrong API key (`Authorization: Bearer <key>`).",
+    404: "No such object (or not one this API key may see).",
+    413: "The upload or request body is over the server's configured limit.",
+    415: "Unsupported request content type.",
+    429: "The intake pool is full; retry after the `Retry-After` seconds.",
+}
+
+
+def error_responses(*statuses: int) -> dict[int, OpenApiResponse]:
+    """OpenAPI responses for the error statuses a view answers, in the envelope."""
+    return {code: OpenApiResponse(ErrorEnvelopeSerializer, description=_ERROR_DESCRIPTIONS[code])
+            for code in statuses}
 
 
 def json_error(request, message: str, status_code: int, error_type: str) -> JsonResponse:

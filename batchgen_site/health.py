@@ -41,8 +41,10 @@ class HealthView(APIView):
     authentication_classes: list = []  # load balancers probe without a key
     permission_classes: list = []
 
-    @extend_schema(responses={200: inline_serializer("Health", {
-        "status": serializers.CharField(), "reason": serializers.CharField(required=False)})},
+    @extend_schema(responses={
+        200: inline_serializer("Health", {"status": serializers.CharField()}),
+        503: inline_serializer("Unhealthy", {"status": serializers.CharField(),
+                                             "reason": serializers.CharField()})},
         operation_id="health")
     def get(self, request):
         problem = health_problem()

@@ -39,11 +39,23 @@ BATCHGEN_MAX_POOL_SIZE = env.int("BATCHGEN_MAX_POOL_SIZE", default=10_240)
 BATCHGEN_PARSE_THINKING = env.bool("BATCHGEN_PARSE_THINKING", default=False)
 BATCHGEN_REASONING_PARSER = env("BATCHGEN_REASONING_PARSER", default="deepseek_r1")
 BATCHGEN_TOOL_CALL_PARSER = env("BATCHGEN_TOOL_CALL_PARSER", default="") or None
+# Tokens (prompt + output, estimated) a worker admits into its engine at once;
+# 0 = the engine's KV cache capacity (vLLM), unlimited for the simulated engine.
+BATCHGEN_TOKEN_BUDGET = env.int("BATCHGEN_TOKEN_BUDGET", default=0) or None
 BATCHGEN_SIM_LATENCY_MS = env.float("BATCHGEN_SIM_LATENCY_MS", default=0.0)
 BATCHGEN_ENGINE_ARGS = json.loads(env("BATCHGEN_ENGINE_ARGS", default="{}"))
 BATCHGEN_MAX_UPLOAD_BYTES = env.int("BATCHGEN_MAX_UPLOAD_BYTES", default=10 * 1024**3)
 BATCHGEN_MAX_LINE_BYTES = env.int("BATCHGEN_MAX_LINE_BYTES", default=16 * 1024**2)
 BATCHGEN_MAX_REQUESTS_PER_BATCH = env.int("BATCHGEN_MAX_REQUESTS_PER_BATCH", default=1_000_000)
+# A batch's metadata, as OpenAI bounds it: 16 keys of up to 64 characters, values of
+# up to 512 characters.
+BATCHGEN_MAX_METADATA_KEYS = env.int("BATCHGEN_MAX_METADATA_KEYS", default=16)
+BATCHGEN_MAX_METADATA_KEY_CHARS = env.int("BATCHGEN_MAX_METADATA_KEY_CHARS", default=64)
+BATCHGEN_MAX_METADATA_VALUE_CHARS = env.int("BATCHGEN_MAX_METADATA_VALUE_CHARS", default=512)
+# Request bodies other than uploaded files (JSON, form fields) are read into memory
+# whole; a batch create is a few hundred bytes, so 2 MiB is generous.
+BATCHGEN_MAX_REQUEST_BODY_BYTES = env.int("BATCHGEN_MAX_REQUEST_BODY_BYTES",
+                                          default=2 * 1024**2)
 # Requests per chunk (one broker message). Small enough that request_counts and the
 # intake figure move often and a crashed chunk redoes little; large enough that a
 # million-request batch is a few thousand messages and rows.
@@ -145,12 +157,12 @@ STATIC_ROOT = STORAGE_PATH / "static"
 # Uploads stream through files.upload.StreamingUploadHandler straight to the
 # storage path; nothing of a file is held in memory.
 FILE_UPLOAD_HANDLERS = ["files.upload.StreamingUploadHandler"]
-DATA_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024**2  # non-file fields and JSON bodies
+DATA_UPLOAD_MAX_MEMORY_SIZE = BATCHGEN_MAX_REQUEST_BODY_BYTES  # non-file fields, JSON bodies
 
 REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": [
-        "rest_framework.parsers.JSONParser",
+        "batchgen_site.parsers.JSONParser",
         "rest_framework.parsers.MultiPartParser",
         "rest_framework.parsers.FormParser",
     ],

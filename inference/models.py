@@ -14,6 +14,9 @@ class Worker(models.Model):
     model = models.CharField(max_length=255)
     slots_capacity = models.IntegerField()
     slots_active = models.IntegerField(default=0)
+    # Length-aware admission: estimated tokens inside the engine, and the cap.
+    tokens_active = models.BigIntegerField(default=0)
+    token_budget = models.BigIntegerField(null=True, blank=True)
     ready = models.BooleanField(default=False)  # engine started
     requests_completed = models.BigIntegerField(default=0)
     requests_failed = models.BigIntegerField(default=0)

@@ -43,7 +43,7 @@ from inference.engines import (
     load_engine,
 )
 from inference.output import format_line
-from inference.slots import SlotPool
+from inference.slots import SlotPool, estimate_tokens
 
 logger = logging.getLogger("batchgen.inference")
 
@@ -64,6 +64,7 @@ def engine_config_from_settings() -> EngineConfig:
         reasoning_parser=settings.BATCHGEN_REASONING_PARSER,
         tool_call_parser=settings.BATCHGEN_TOOL_CALL_PARSER,
         sim_latency_ms=settings.BATCHGEN_SIM_LATENCY_MS,
+        token_budget=settings.BATCHGEN_TOKEN_BUDGET,
         engine_args=settings.BATCHGEN_ENGINE_ARGS,
     )
 
@@ -81,7 +82,7 @@ class InferenceRuntime:
         self.hostname = socket.gethostname()
         self.name = name or f"{self.hostname}:{os.getpid()}:{int(time.time())}"
         self.config = config
-        self.slots = SlotPool(capacity)
+        self.slots = SlotPool(capacity, token_budget=config.token_budget)
         self.engine: Engine = load_engine(config)
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
@@ -115,8 +116,11 @@ class InferenceRuntime:
         if future.exception() is not None:
             self._engine_lost(future.exception(), "failed to start")
         else:
-            logger.info("engine ready: %s (context %s tokens)", self.config.served_model_name,
-                        self.engine.max_context_length)
+            if self.slots.token_budget is None:
+                self.slots.token_budget = self.engine.token_capacity
+            logger.info("engine ready: %s (context %s tokens, admitting up to %s tokens at once)",
+                        self.config.served_model_name, self.engine.max_context_length,
+                        self.slots.token_budget or "unlimited")
         self.ready.set()
 
     def _engine_lost(self, error: BaseException, what: str) -> None:
@@ -154,6 +158,7 @@ class InferenceRuntime:
             services.worker_heartbeat, name=self.name, hostname=self.hostname,
             engine=self.config.engine, model=self.config.served_model_name,
             capacity=self.slots.capacity, active=self.slots.active,
+            tokens_active=self.slots.tokens_active, token_budget=self.slots.token_budget,
             ready=self.ready.is_set() and self.failed is None, completed=self.completed,
             failed=self.failed_requests, tokens=self.tokens, chunk_ids=chunk_ids,
         ))
@@ -205,10 +210,8 @@ class InferenceRuntime:
         """Submit while slots are free, write results as they come, flush progress.
         Returns the results not yet accounted when the chunk ends."""
         results: queue.SimpleQueue = queue.SimpleQueue()
-        pending = deque(enumerate(requests))
-        tasks: set[asyncio.Task] = set()
-
-        def submit(position: int, item: dict) -> None:
+        pending: deque[tuple[EngineRequest, int]] = deque()
+        for position, item in enumerate(requests):
             request = EngineRequest(
                 request_id=f"{work.batch_id}-{work.index}-{position}-{work.attempts}",
                 custom_id=item["custom_id"],
@@ -216,7 +219,12 @@ class InferenceRuntime:
                 body=resolve_body(item["body"], work.params, endpoint=work.endpoint),
                 max_context_length=work.params.max_context_length,
             )
-            self.loop.call_soon_threadsafe(self._start_request, request, results, tasks)
+            pending.append((request, estimate_tokens(request)))
+        tasks: set[asyncio.Task] = set()
+
+        def submit(request: EngineRequest, tokens: int) -> None:
+            self.loop.call_soon_threadsafe(self._start_request, request, tokens, results,
+                                           tasks)
 
         try:
             return self._loop_requests(work, pending, tasks, results, submit, output)
@@ -235,10 +243,11 @@ class InferenceRuntime:
                 stopped = True
                 pending.clear()
                 self.loop.call_soon_threadsafe(lambda: [t.cancel() for t in list(tasks)])
-            while pending and self.slots.try_acquire():
+            while pending and self.slots.try_acquire(tokens=pending[0][1]):
                 submit(*pending.popleft())
                 outstanding += 1
-            if pending and not outstanding and self.slots.acquire(timeout=PROGRESS_INTERVAL):
+            if pending and not outstanding and self.slots.acquire(timeout=PROGRESS_INTERVAL,
+                                                                  tokens=pending[0][1]):
                 submit(*pending.popleft())
                 outstanding += 1
             if not outstanding:
@@ -288,13 +297,14 @@ class InferenceRuntime:
 
     # --- on the engine loop ----------------------------------------------------------------
 
-    def _start_request(self, request: EngineRequest, results: queue.SimpleQueue,
+    def _start_request(self, request: EngineRequest, tokens: int, results: queue.SimpleQueue,
                        tasks: set) -> None:
-        task = self.loop.create_task(self._generate(request, results))
+        task = self.loop.create_task(self._generate(request, tokens, results))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    async def _generate(self, request: EngineRequest, results: queue.SimpleQueue) -> None:
+    async def _generate(self, request: EngineRequest, tokens: int,
+                        results: queue.SimpleQueue) -> None:
         try:
             result = await self.engine.generate(request)
         except asyncio.CancelledError:
@@ -306,7 +316,7 @@ class InferenceRuntime:
             logger.exception("engine error on %s", request.request_id)
             result = EngineResult.failure("engine_error", f"{type(exc).__name__}: {exc}")
         finally:
-            self.slots.release()
+            self.slots.release(tokens=tokens)
         results.put((request.custom_id, result))
 
 

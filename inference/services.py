@@ -180,7 +180,8 @@ def chunks_requeue_expired() -> list[tuple[str, int, int]]:
 
 
 def worker_heartbeat(*, name: str, hostname: str, engine: str, model: str, capacity: int,
-                     active: int, ready: bool, completed: int, failed: int, tokens: int,
+                     active: int, tokens_active: int, token_budget: int | None, ready: bool,
+                     completed: int, failed: int, tokens: int,
                      chunk_ids: list[int]) -> set[str]:
     """Record a worker's liveness and slots, renew the leases of the chunks it runs,
     and return the ids of their batches that must stop (no longer in progress)."""
@@ -189,6 +190,7 @@ def worker_heartbeat(*, name: str, hostname: str, engine: str, model: str, capac
         name=name,
         defaults={"hostname": hostname, "pid": os.getpid(), "engine": engine, "model": model,
                   "slots_capacity": capacity, "slots_active": active, "ready": ready,
+                  "tokens_active": tokens_active, "token_budget": token_budget,
                   "requests_completed": completed, "requests_failed": failed,
                   "tokens_generated": tokens, "heartbeat_at": now, "stopped_at": None},
     )

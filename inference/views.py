@@ -5,7 +5,7 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from batchgen_site.errors import NotFound
+from batchgen_site.errors import NotFound, error_responses
 from batchgen_site.pagination import list_envelope_serializer
 from inference.model_info import SERVER_STARTED, served_model
 
@@ -30,7 +30,8 @@ def _model() -> dict:
 
 
 class ModelListView(APIView):
-    @extend_schema(responses=ModelListSerializer, operation_id="models_list")
+    @extend_schema(responses={200: ModelListSerializer, **error_responses(401)},
+                   operation_id="models_list")
     def get(self, request):
         model = _model()
         return Response({"object": "list", "data": [model], "has_more": False,
@@ -38,7 +39,8 @@ class ModelListView(APIView):
 
 
 class ModelDetailView(APIView):
-    @extend_schema(responses=ModelSerializer, operation_id="models_retrieve")
+    @extend_schema(responses={200: ModelSerializer, **error_responses(401, 404)},
+                   operation_id="models_retrieve")
     def get(self, request, model_id: str):
         model = _model()
         if model_id != model["id"]:

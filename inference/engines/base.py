@@ -23,6 +23,8 @@ class EngineConfig:
     reasoning_parser: str = "deepseek_r1"  # vLLM reasoning parser used when parse_thinking
     tool_call_parser: str | None = None  # a vLLM tool parser name, e.g. "hermes"
     sim_latency_ms: float = 0.0  # simulated engine only
+    # Tokens admitted into the engine at once; None = the engine's KV cache capacity.
+    token_budget: int | None = None
     # Passed through to vLLM's AsyncEngineArgs (GPU users: tensor_parallel_size,
     # gpu_memory_utilization, max_num_seqs, dtype, quantization, ...).
     engine_args: dict[str, Any] = field(default_factory=dict)
@@ -70,6 +72,12 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def max_context_length(self) -> int:
         """Effective prompt + completion limit in tokens (after start())."""
+
+    @property
+    def token_capacity(self) -> int | None:
+        """How many tokens (prompt + output) the engine holds at once, if it knows;
+        the worker admits requests within it (length-aware admission)."""
+        return None
 
     @abc.abstractmethod
     async def start(self) -> None:

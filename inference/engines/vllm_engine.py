@@ -148,6 +148,16 @@ class VllmEngine(Engine):
             raise RuntimeError("VllmEngine.start() has not run")
         return self._llm.model_config.max_model_len
 
+    @property
+    def token_capacity(self) -> int | None:
+        """Tokens the KV cache holds (blocks x block size), known after start()."""
+        if self._llm is None:
+            return None
+        cache = self._llm.vllm_config.cache_config
+        if not cache.num_gpu_blocks:
+            return None
+        return cache.num_gpu_blocks * cache.block_size
+
     def engine_args(self) -> AsyncEngineArgs:
         import torch
 

@@ -392,6 +392,7 @@ def test_pool_status_has_every_field_and_counts_what_is_queued(api, running_batc
     running_batch(5, chunk_size=2)
     Worker.objects.create(name="w1", hostname="h", pid=1, engine="simulated", model="m",
                           slots_capacity=16, slots_active=3, ready=True,
+                          tokens_active=700, token_budget=4096,
                           heartbeat_at=timezone.now())
     Worker.objects.create(name="gone", hostname="h", pid=2, engine="simulated", model="m",
                           slots_capacity=100, slots_active=50, ready=True,
@@ -408,6 +409,8 @@ def test_pool_status_has_every_field_and_counts_what_is_queued(api, running_batc
         "scheduling_pool_capacity": 16,  # the stale worker does not count
         "active_batches": 1,
         "pool_mode": True,
+        "scheduling_pool_tokens_active": 700,
+        "scheduling_pool_token_budget": 4096,
     }
 
 
@@ -422,6 +425,8 @@ def test_pool_status_of_an_idle_server(api, settings):
         "scheduling_pool_capacity": 0,
         "active_batches": 0,
         "pool_mode": True,
+        "scheduling_pool_tokens_active": 0,
+        "scheduling_pool_token_budget": None,
     }
 
 

@@ -49,3 +49,33 @@ def test_releasing_more_than_held_is_a_bug():
 def test_a_worker_needs_a_slot():
     with pytest.raises(ValueError):
         SlotPool(0)
+
+
+def test_token_budget_holds_back_what_would_overflow_the_engine():
+    slots = SlotPool(10, token_budget=100)
+    assert slots.try_acquire(tokens=60)
+    assert not slots.try_acquire(tokens=50)  # 110 > 100
+    assert slots.try_acquire(tokens=40)
+    assert slots.tokens_active == 100
+    slots.release(tokens=60)
+    assert slots.try_acquire(tokens=50) and slots.tokens_active == 90
+
+
+def test_an_oversized_request_still_runs_alone():
+    slots = SlotPool(10, token_budget=100)
+    assert slots.try_acquire(tokens=5_000)
+    assert not slots.try_acquire(tokens=1)
+    slots.release(tokens=5_000)
+    assert slots.active == 0 and slots.tokens_active == 0
+
+
+def test_estimate_counts_prompt_and_output_limit():
+    from inference.engines.base import EngineRequest
+    from inference.slots import DEFAULT_OUTPUT_ESTIMATE, estimate_tokens
+
+    chat = EngineRequest("r", "c", "/v1/chat/completions",
+                         {"messages": [{"role": "user", "content": "x" * 400}],
+                          "max_completion_tokens": 50})
+    assert 100 <= estimate_tokens(chat) - 50 <= 110
+    open_ended = EngineRequest("r", "c", "/v1/completions", {"prompt": "y" * 40})
+    assert estimate_tokens(open_ended) == 11 + DEFAULT_OUTPUT_ESTIMATE
