@@ -256,9 +256,12 @@ class VllmEngine(Engine):
             reasoning_parser=reasoning_parser or "",
             enable_auto_tools=tool_parser is not None,
             tool_parser=tool_parser,
+            # usage.prompt_tokens_details.cached_tokens: prefix-cache hits, per request.
+            enable_prompt_tokens_details=True,
         )
         self._completion = _BatchServingCompletion(
-            llm, models, online_renderer=renderer, request_logger=None
+            llm, models, online_renderer=renderer, request_logger=None,
+            enable_prompt_tokens_details=True,
         )
 
     async def generate(self, request: EngineRequest) -> EngineResult:
