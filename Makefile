@@ -17,7 +17,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 run: install
 	$(PY) manage.py serve $(ARGS)
 
-test: install model
+test: install model browser
 	CI=$${CI:-} BATCHGEN_TEST_MODEL_DIR=$(STORAGE)/models/SmolLM2-135M-Instruct \
 	  $(PY) -m pytest $(PYTEST_ARGS)
 	@# The API and service tests again, on PostgreSQL (skipped with a message where
@@ -25,7 +25,8 @@ test: install model
 	rc=0; $(PY) -m tests.services postgresql || rc=$$?; \
 	if [ $$rc = 0 ]; then \
 	  DATABASE_URL=$(TEST_POSTGRES_URL) $(PY) -m pytest -m "not e2e and not vllm" \
-	    -p no:cacheprovider tests/files tests/batches tests/inference tests/site $(PYTEST_ARGS); \
+	    -p no:cacheprovider tests/files tests/batches tests/inference tests/site tests/ops \
+	    $(PYTEST_ARGS); \
 	elif [ $$rc != 2 ]; then exit $$rc; fi
 
 install: $(STAMP)
@@ -54,10 +55,13 @@ endif
 model: install
 	BATCHGEN_STORAGE_PATH=$(STORAGE) $(PY) manage.py prepare_model
 
+# The admin browser test drives Debian's Chromium through Debian's chromedriver (the
+# matching version) with Selenium; nothing downloads a browser build of its own.
 browser:
-	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
-	  echo "chromium not installed: the admin browser test will be skipped"
+	@{ command -v chromium && command -v chromedriver; } >/dev/null 2>&1 || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq chromium chromium-driver >/dev/null; } || \
+	  echo "chromium not installed: the admin browser test will be skipped (fails in CI)"
 
 lint: install
 	$(VENV)/bin/ruff check .

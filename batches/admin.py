@@ -22,16 +22,18 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from batches.models import ACTIVE_STATUSES, Batch, Chunk
+from batches.models import ACTIVE_STATUSES, Batch, BatchStatus, Chunk
 from batches.services import batch_cancel
 from batchgen_site.errors import BatchGenError
 from files import storage
+from files.admin import file_download_url
 
 TAIL_LINES = 20
 TAIL_BYTES = 64 * 1024  # never read more of an incremental file than this
 TAIL_LINE_CHARS = 2_000
 ERRORS_SHOWN = 200
 PROGRESS_IDS_MAX = 200  # batches one progress poll may ask about
+CANCELLABLE = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
 
 
 # --- progress figures (shared with the pool dashboard) ---------------------------------
@@ -131,8 +133,9 @@ def file_links(file_id: str | None) -> str:
     if not file_id:
         return "–"
     return format_html(
-        '<a href="{}">{}</a> · <a href="/v1/files/{}/content" class="bg-download">download</a>',
-        reverse("admin:files_file_change", args=[quote(file_id)]), file_id, file_id)
+        '<a href="{}">{}</a> · <a href="{}" class="bg-download">download</a>',
+        reverse("admin:files_file_change", args=[quote(file_id)]), file_id,
+        file_download_url(file_id))
 
 
 def incremental_tail(batch_id: str, *, lines: int = TAIL_LINES,
@@ -162,6 +165,7 @@ admin.site.site_header = "BatchGen"
 admin.site.site_title = "BatchGen admin"
 admin.site.index_title = "Batches, files and workers"
 admin.site.site_url = None  # the server has no public home page to "view"
+admin.site.enable_nav_sidebar = False  # the header's navigation bar leaves room for tables
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -180,8 +184,10 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 @admin.register(Batch)
 class BatchAdmin(ReadOnlyAdmin):
     list_display = ["id", "status_display", "endpoint_display", "created_at", "progress_display",
-                    "throughput_display", "eta_display"]
-    list_filter = ["status", ("created_at", admin.DateFieldListFilter), "endpoint"]
+                    "throughput_display", "eta_display", "owner"]
+    list_filter = ["status", ("created_at", admin.DateFieldListFilter), "endpoint",
+                   ("owner", admin.RelatedOnlyFieldListFilter)]
+    list_select_related = ["owner"]
     search_fields = ["id", "input_file__id", "metadata"]
     date_hierarchy = "created_at"
     actions = ["cancel_selected"]
@@ -190,7 +196,7 @@ class BatchAdmin(ReadOnlyAdmin):
     fieldsets = [
         (None, {"fields": ["id", "status_display", "endpoint_display", "model", "progress_display",
                            "throughput_display", "eta_display", "completion_window",
-                           "metadata_display"]}),
+                           "metadata_display", "owner", "priority"]}),
         ("Files", {"fields": ["input_file_display", "output_file_display",
                               "error_file_display"]}),
         ("Parameters", {"fields": ["max_decoding_length", "max_context_length", "temperature",
@@ -344,7 +350,8 @@ class BatchAdmin(ReadOnlyAdmin):
         return JsonResponse({"batches": [batch_progress(b, now=now).as_json() for b in batches]})
 
     def render_change_form(self, request, context, *args, obj=None, **kwargs):
-        context["can_cancel"] = bool(obj and obj.is_active and self.has_cancel_permission(request))
+        context["can_cancel"] = bool(obj and obj.status in CANCELLABLE
+                                     and self.has_cancel_permission(request))
         return super().render_change_form(request, context, *args, obj=obj, **kwargs)
 
 

@@ -42,6 +42,8 @@ def pool_dashboard(request):
         "intake_pct": _percent(pool["intake_pool_size"], pool["intake_pool_capacity"]),
         "scheduling_pct": _percent(pool["scheduling_pool_active"],
                                    pool["scheduling_pool_capacity"]),
+        "tokens_pct": _percent(pool.get("scheduling_pool_tokens_active") or 0,
+                               pool.get("scheduling_pool_token_budget") or 0),
         "workers": workers,
         "batches": batches,
         "more_batches": max(pool["active_batches"] - len(batches), 0),

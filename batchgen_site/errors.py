@@ -154,7 +154,7 @@ class ErrorDetailSerializer(serializers.Serializer):
 
 
 class ErrorEnvelopeSerializer(serializers.Serializer):
-    """The body of every error answer, for the OpenAPI schema."""
+    """The OpenAI error envelope: the body of every 4xx and 5xx answer."""
 
     error = ErrorDetailSerializer()
 

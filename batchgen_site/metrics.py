@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from django.db import DatabaseError
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, Sum
 from django.http import HttpResponse
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -43,8 +43,13 @@ class BatchGenCollector(Collector):
             ("scheduling_pool_free", "Free slots across the live workers"),
             ("scheduling_pool_capacity", "Slots across the live workers"),
             ("active_batches", "Batches validating, in progress, finalizing or cancelling"),
+            ("scheduling_pool_tokens_active",
+             "Estimated tokens (prompt + completion) of the requests inside the engines"),
+            ("scheduling_pool_token_budget",
+             "Token budget of length-aware admission across the live workers"),
         ]:
-            yield GaugeMetricFamily(f"batchgen_{key}", help_text, value=pool[key])
+            if pool.get(key) is not None:  # no budget: the series is absent, not zero
+                yield GaugeMetricFamily(f"batchgen_{key}", help_text, value=pool[key])
 
     def _batches(self):
         from batches.models import Batch, BatchStatus
@@ -55,8 +60,9 @@ class BatchGenCollector(Collector):
         for status in BatchStatus.values:
             batches.add_metric([status], by_status.get(status, 0))
         yield batches
-        sums = Batch.objects.aggregate(total=Sum("total"), completed=Sum("completed"),
-                                       failed=Sum("failed"))
+        sums = Batch.objects.aggregate(
+            total=Sum("total", filter=Q(in_progress_at__isnull=False)),  # enqueued ones
+            completed=Sum("completed"), failed=Sum("failed"))
         yield CounterMetricFamily("batchgen_requests_completed",
                                   "Requests completed, summed over all batches",
                                   value=sums["completed"] or 0)
@@ -64,7 +70,7 @@ class BatchGenCollector(Collector):
                                   "Requests failed, summed over all batches",
                                   value=sums["failed"] or 0)
         yield CounterMetricFamily("batchgen_requests_admitted",
-                                  "Requests of validated batches, summed over all batches",
+                                  "Requests of every batch that was enqueued",
                                   value=sums["total"] or 0)
 
     def _chunks(self):
@@ -109,6 +115,14 @@ class BatchGenCollector(Collector):
             "capacity": GaugeMetricFamily("batchgen_worker_slots_capacity",
                                           "This worker's slots (--max-pool-size)",
                                           labels=WORKER_LABELS),
+            "tokens_active": GaugeMetricFamily(
+                "batchgen_worker_tokens_active",
+                "Estimated tokens of the requests inside this worker's engine",
+                labels=WORKER_LABELS),
+            "token_budget": GaugeMetricFamily(
+                "batchgen_worker_token_budget",
+                "This worker's token budget for admission (its KV cache by default)",
+                labels=WORKER_LABELS),
             "ready": GaugeMetricFamily("batchgen_worker_ready",
                                        "1 once this worker's engine has started",
                                        labels=WORKER_LABELS),
@@ -120,6 +134,9 @@ class BatchGenCollector(Collector):
             families["tokens"].add_metric(labels, worker.tokens_generated)
             families["active"].add_metric(labels, worker.slots_active)
             families["capacity"].add_metric(labels, worker.slots_capacity)
+            families["tokens_active"].add_metric(labels, worker.tokens_active)
+            if worker.token_budget is not None:
+                families["token_budget"].add_metric(labels, worker.token_budget)
             families["ready"].add_metric(labels, int(worker.ready))
         yield from families.values()
 

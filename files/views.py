@@ -10,6 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from batchgen_site.auth import request_owner
+from batchgen_site.errors import NotFound, checked_id, error_responses
 from batchgen_site.pagination import list_page
 from files import selectors, services, storage
 from files.serializers import (
@@ -25,7 +26,8 @@ from files.upload import StreamingUploadHandler, too_large_error
 class FileListCreateView(APIView):
     parser_classes = [MultiPartParser]
 
-    @extend_schema(request=FileUploadInputSerializer, responses=FileOutputSerializer,
+    @extend_schema(request=FileUploadInputSerializer,
+                   responses={200: FileOutputSerializer, **error_responses(400, 401, 413, 415)},
                    operation_id="files_upload")
     def post(self, request):
         try:
@@ -48,7 +50,8 @@ class FileListCreateView(APIView):
                 handler.discard()
         return Response(FileOutputSerializer(file).data)
 
-    @extend_schema(parameters=[FileListInputSerializer], responses=FileListSerializer,
+    @extend_schema(parameters=[FileListInputSerializer],
+                   responses={200: FileListSerializer, **error_responses(400, 401)},
                    operation_id="files_list")
     def get(self, request):
         params = FileListInputSerializer(data=request.query_params)
@@ -64,15 +67,21 @@ def _streaming_handlers(request):
     return [h for h in request._request.upload_handlers if isinstance(h, StreamingUploadHandler)]
 
 
+def _file_id(file_id: str) -> str:
+    return checked_id(file_id, kind="file", param="file_id")
+
+
 class FileDetailView(APIView):
-    @extend_schema(responses=FileOutputSerializer, operation_id="files_retrieve")
+    @extend_schema(responses={200: FileOutputSerializer, **error_responses(401, 404)},
+                   operation_id="files_retrieve")
     def get(self, request, file_id: str):
-        file = selectors.file_get(file_id=file_id, owner=request_owner(request))
+        file = selectors.file_get(file_id=_file_id(file_id), owner=request_owner(request))
         return Response(FileOutputSerializer(file).data)
 
-    @extend_schema(responses=FileDeletedSerializer, operation_id="files_delete")
+    @extend_schema(responses={200: FileDeletedSerializer, **error_responses(400, 401, 404)},
+                   operation_id="files_delete")
     def delete(self, request, file_id: str):
-        file = selectors.file_get(file_id=file_id, owner=request_owner(request))
+        file = selectors.file_get(file_id=_file_id(file_id), owner=request_owner(request))
         services.file_delete(file=file)
         return Response({"id": file_id, "object": "file", "deleted": True})
 
@@ -90,16 +99,15 @@ class IgnoreClientContentNegotiation(BaseContentNegotiation):
 
 class FileContentView(APIView):
     content_negotiation_class = IgnoreClientContentNegotiation
-    @extend_schema(responses={(200, "application/octet-stream"): OpenApiResponse(
-        response=OpenApiTypes.BINARY, description="The file's bytes")},
-        operation_id="files_content")
+
+    @extend_schema(responses={(200, "application/jsonl"): OpenApiResponse(
+        response=OpenApiTypes.BINARY, description="The file's bytes"),
+        **error_responses(401, 404)}, operation_id="files_content")
     def get(self, request, file_id: str):
-        file = selectors.file_get(file_id=file_id, owner=request_owner(request))
+        file = selectors.file_get(file_id=_file_id(file_id), owner=request_owner(request))
         try:
             handle = storage.absolute(file.storage_name).open("rb")
         except FileNotFoundError:
-            from batchgen_site.errors import NotFound
-
             raise NotFound(f"The bytes of file {file_id} are gone from storage.",
                            param="file_id") from None
         # FileResponse streams in blocks: memory stays flat for any size.

@@ -28,15 +28,15 @@ class AliveFilter(admin.SimpleListFilter):
 @admin.register(Worker)
 class WorkerAdmin(admin.ModelAdmin):
     list_display = ["name", "hostname", "engine", "model", "alive", "ready", "slots",
-                    "requests_completed", "requests_failed", "tokens_generated", "started_at",
-                    "heartbeat_at", "stopped_at"]
+                    "tokens", "requests_completed", "requests_failed", "tokens_generated",
+                    "started_at", "heartbeat_at", "stopped_at"]
     list_filter = [AliveFilter, "ready", "engine", "hostname"]
     search_fields = ["name", "hostname"]
     ordering = ["-heartbeat_at"]
     list_per_page = 100
 
     def get_readonly_fields(self, request, obj=None):
-        return [f.name for f in Worker._meta.fields] + ["alive", "slots"]
+        return [f.name for f in Worker._meta.fields] + ["alive", "slots", "tokens"]
 
     def has_add_permission(self, request) -> bool:
         return False
@@ -59,3 +59,8 @@ class WorkerAdmin(admin.ModelAdmin):
     @admin.display(description="slots (active / capacity)")
     def slots(self, obj: Worker) -> str:
         return f"{obj.slots_active} / {obj.slots_capacity}"
+
+    @admin.display(description="tokens in engine (active / budget)")
+    def tokens(self, obj: Worker) -> str:
+        budget = "no budget" if obj.token_budget is None else obj.token_budget
+        return f"{obj.tokens_active} / {budget}"
