@@ -102,8 +102,14 @@ class Command(BaseCommand):
             ]))
         flower_port = os.environ.get("BATCHGEN_FLOWER_PORT", "5555")
         if flower_port and flower_port != "0":
+            # Flower can revoke tasks and shut workers down: beyond loopback only with
+            # a password (FLOWER_BASIC_AUTH=user:password, which Flower reads itself).
+            flower_ip = ip if os.environ.get("FLOWER_BASIC_AUTH") else "127.0.0.1"
+            if flower_ip != ip:
+                logger.warning("Flower listens on 127.0.0.1 only; set FLOWER_BASIC_AUTH to "
+                               "expose it on %s", ip)
             programs.append(Program("flower", [
-                *celery, "flower", f"--port={flower_port}", f"--address={ip}",
+                *celery, "flower", f"--port={flower_port}", f"--address={flower_ip}",
             ]))
         return programs
 
