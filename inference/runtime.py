@@ -28,7 +28,7 @@ from pathlib import Path
 
 import psutil
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 
 from batches.params import resolve_body
 from batches.validation import read_chunk
@@ -48,6 +48,7 @@ from inference.slots import SlotPool, estimate_tokens
 logger = logging.getLogger("batchgen.inference")
 
 PROGRESS_INTERVAL = 0.5  # seconds between progress flushes of a running chunk
+DB_THREADS = 2  # all of a worker's ORM work: its database connections, bounded
 _CANCELLED = object()
 
 
@@ -90,7 +91,7 @@ class InferenceRuntime:
         self.stop_batches: frozenset[str] = frozenset()
         self._running: dict[int, str] = {}  # chunk id -> batch id
         self._running_lock = threading.Lock()
-        self._db = ThreadPoolExecutor(max_workers=2, thread_name_prefix="batchgen-db")
+        self._db = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="batchgen-db")
         self._stopping = threading.Event()
         self.completed = self.failed_requests = self.tokens = 0
         self._stats_lock = threading.Lock()
@@ -144,7 +145,23 @@ class InferenceRuntime:
             logger.exception("error while stopping the inference runtime")
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
+            self._close_db_connections()
             self._db.shutdown(wait=False)
+
+    def _close_db_connections(self) -> None:
+        """Close the DB threads' connections (one task per thread, held at a barrier
+        so each thread runs exactly one)."""
+        barrier = threading.Barrier(DB_THREADS)
+
+        def close() -> None:
+            connection.close()
+            barrier.wait(timeout=10)
+
+        for future in [self._db.submit(close) for _ in range(DB_THREADS)]:
+            try:
+                future.result(timeout=15)
+            except Exception:
+                logger.warning("a database connection did not close cleanly")
 
     def db(self, fn, **kwargs):
         return self._db.submit(_db, fn, kwargs).result()
