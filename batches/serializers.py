@@ -27,7 +27,7 @@ class BatchCreateInputSerializer(serializers.Serializer):
     max_context_length = serializers.IntegerField(min_value=1, max_value=MAX_INT,
                                                   required=False, allow_null=True)
     temperature = serializers.FloatField(min_value=0, required=False, allow_null=True)
-    top_p = serializers.FloatField(required=False, allow_null=True)
+    top_p = serializers.FloatField(min_value=0, max_value=1, required=False, allow_null=True)
     top_k = serializers.IntegerField(min_value=0, max_value=MAX_INT, required=False,
                                      allow_null=True)
 

@@ -12,6 +12,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.utils import timezone
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 
 from batchgen_site.models import ApiKey
@@ -46,12 +47,17 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         header = authentication.get_authorization_header(request).split()
         if not header or header[0].lower() != b"bearer":
             return None
-        if len(header) != 2:
-            raise exceptions.AuthenticationFailed("Malformed Authorization header.")
         try:
-            raw = header[1].decode()
-        except UnicodeDecodeError:
-            raise exceptions.AuthenticationFailed("Malformed API key.") from None
+            if len(header) != 2:
+                raise exceptions.AuthenticationFailed("Malformed Authorization header.")
+            try:
+                raw = header[1].decode()
+            except UnicodeDecodeError:
+                raise exceptions.AuthenticationFailed("Malformed API key.") from None
+        except exceptions.AuthenticationFailed:
+            if not auth_required():
+                return None  # an open server ignores whatever a client sends
+            raise
         key = ApiKey.objects.filter(hashed_key=hash_key(raw), revoked_at__isnull=True).first()
         if key is None:
             if not auth_required():
@@ -76,3 +82,13 @@ class ApiKeyRequired(permissions.BasePermission):
 def request_owner(request) -> ApiKey | None:
     """Whose objects a request may see: its key, or None (all) on an open server."""
     return request.auth if isinstance(request.auth, ApiKey) else None
+
+
+class ApiKeyScheme(OpenApiAuthenticationExtension):
+    """Tells drf-spectacular that the API takes `Authorization: Bearer <key>`."""
+
+    target_class = "batchgen_site.auth.ApiKeyAuthentication"
+    name = "ApiKey"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer"}

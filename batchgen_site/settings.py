@@ -181,9 +181,6 @@ SPECTACULAR_SETTINGS = {
     # The schema and /docs are public; the endpoints they describe are not.
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     "SERVE_AUTHENTICATION": [],
-    "APPEND_COMPONENTS": {"securitySchemes": {
-        "ApiKey": {"type": "http", "scheme": "bearer"}}},
-    "SECURITY": [{"ApiKey": []}],
     "COMPONENT_SPLIT_REQUEST": True,
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

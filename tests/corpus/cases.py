@@ -1,0 +1,536 @@
+"""The bad-input corpus manifest: every case and the outcome it must get.
+
+Four kinds of case, by where the bad input enters:
+
+- InputFile: a batch input file (`inputs/<name>.jsonl`, or bytes from `generated.py`).
+  It is uploaded, a batch is created on it and validated; the outcome is the batch's:
+  failed with exactly these per-line errors, failed as a whole, or validated.
+- Upload: a multipart body sent to POST /v1/files: refused (4xx), or stored under the
+  file's id with the shown filename sanitised.
+- CreateBatch: a body sent to POST /v1/batches: refused (4xx).
+- Request: a method and path with a hostile id or cursor: refused (4xx) or answered.
+
+No case may answer 5xx; every refusal is in the OpenAI error envelope.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.corpus import generated
+from tests.files.helpers import MULTIPART, multipart
+
+INPUTS = Path(__file__).parent / "inputs"
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+MiB = 1024 * 1024
+
+
+class _Any:
+    def __repr__(self) -> str:
+        return "ANY"
+
+
+ANY: Any = _Any()  # the error's `code` or `param` is not part of the expectation
+
+
+# --- outcomes ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A 4xx in the error envelope, with this `code` and `param` unless ANY."""
+
+    status: int
+    code: Any = ANY
+    param: Any = ANY
+
+
+@dataclass(frozen=True)
+class Answered:
+    """Accepted: a 2xx (a hostile cursor that matches nothing, say)."""
+
+    status: int = 200
+
+
+@dataclass(frozen=True)
+class Stored:
+    """The upload is accepted, its bytes stored under the file id alone, and the
+    filename shown back is this one."""
+
+    filename: str
+
+
+@dataclass(frozen=True)
+class LineErrors:
+    """The batch fails validation (`invalid_input`) and errors.data is exactly these
+    (code, line, param) in order. Messages are at most `max_message_chars` long."""
+
+    errors: tuple[tuple[str, int, str | None], ...]
+    max_message_chars: int = 500
+
+
+@dataclass(frozen=True)
+class ErrorsCapped:
+    """The batch fails with `invalid` bad lines, of which the first `listed` are in
+    errors.data, all with this code."""
+
+    invalid: int
+    listed: int
+    code: str
+
+
+@dataclass(frozen=True)
+class BatchFails:
+    """The batch fails as a whole with this error code (no per-line errors)."""
+
+    code: str
+
+
+@dataclass(frozen=True)
+class Validates:
+    """The batch validates and is queued; its chunks read back exactly these requests."""
+
+    custom_ids: tuple[str, ...]
+
+
+# --- cases ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InputFile:
+    name: str
+    content: Callable[[], bytes]
+    expected: LineErrors | ErrorsCapped | BatchFails | Validates
+    endpoint: str = CHAT
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Upload:
+    name: str
+    body: Callable[[], bytes]
+    expected: Refused | Stored
+    content_type: str = MULTIPART
+
+
+@dataclass(frozen=True)
+class CreateBatch:
+    """`@FILE@` in the body stands for the id of a valid input file."""
+
+    name: str
+    body: Callable[[], bytes]
+    expected: Refused
+    content_type: str = "application/json"
+
+
+@dataclass(frozen=True)
+class Request:
+    name: str
+    method: str
+    path: str
+    expected: Refused | Answered
+
+
+def from_file(name: str) -> Callable[[], bytes]:
+    return lambda: (INPUTS / f"{name}.jsonl").read_bytes()
+
+
+def bad_line_2(name: str, code: str, param: str | None = None, *,
+               endpoint: str = CHAT) -> InputFile:
+    """A file whose line 2 (between two good lines) is bad in one way."""
+    return InputFile(name, from_file(name), LineErrors(((code, 2, param),)), endpoint)
+
+
+def accepted(name: str, *custom_ids: str) -> InputFile:
+    return InputFile(name, from_file(name), Validates(custom_ids))
+
+
+# --- input files ------------------------------------------------------------------------
+
+INPUT_FILES: list[InputFile] = [
+    # Broken JSON.
+    bad_line_2("json_truncated_object", "invalid_json"),
+    bad_line_2("json_trailing_comma", "invalid_json"),
+    bad_line_2("json_single_quotes", "invalid_json"),
+    bad_line_2("json_unquoted_keys", "invalid_json"),
+    bad_line_2("json_two_objects_on_one_line", "invalid_json"),
+    bad_line_2("json_comment_line", "invalid_json"),
+    bad_line_2("json_array_line", "invalid_json"),
+    bad_line_2("json_string_line", "invalid_json"),
+    bad_line_2("json_null_line", "invalid_json"),
+    bad_line_2("json_nan_literal", "invalid_json"),
+    bad_line_2("json_infinity_literal", "invalid_json"),
+    bad_line_2("json_number_overflowing_double", "invalid_json"),
+    InputFile("torn_last_line", from_file("torn_last_line"),
+              LineErrors((("invalid_json", 3, None),))),
+    # Encodings and stray bytes: JSON Lines is UTF-8.
+    bad_line_2("bom_on_a_later_line", "invalid_json"),
+    InputFile("utf16_encoded_file", from_file("utf16_encoded_file"),
+              # Split at the 0x0A byte: the request, then the 0x00 that followed it.
+              LineErrors((("invalid_json", 1, None), ("invalid_json", 2, None)))),
+    bad_line_2("latin1_byte_in_a_string", "invalid_json"),
+    bad_line_2("invalid_utf8_sequence", "invalid_json"),
+    bad_line_2("lone_surrogate_escape", "invalid_json"),
+    bad_line_2("raw_nul_byte", "invalid_json"),
+    InputFile("cr_only_line_endings", from_file("cr_only_line_endings"),
+              LineErrors((("invalid_json", 1, None),))),  # no \n: one line, two objects
+    # Layouts the design accepts.
+    accepted("accepted_bom_at_start", "a", "b"),
+    accepted("accepted_crlf_line_endings", "a", "b"),
+    accepted("accepted_blank_and_whitespace_lines", "a", "b"),
+    accepted("accepted_no_final_newline", "a", "b"),
+    accepted("accepted_bom_crlf_and_blanks", "a", "b"),
+    accepted("accepted_duplicate_json_key_last_wins", "a"),
+    accepted("accepted_unicode_custom_ids", "\u00e9t\u00e9-\U0001f680", "\u202ertl-override",
+             "'; DROP TABLE batches; --"),
+    accepted("accepted_escaped_nul_in_content", "a"),
+    accepted("accepted_nesting_within_limit", "a"),
+    # No request at all.
+    InputFile("only_blank_lines", from_file("only_blank_lines"), BatchFails("empty_batch")),
+    InputFile("only_a_bom", from_file("only_a_bom"), BatchFails("empty_batch")),
+    InputFile("only_a_bom_and_newline", from_file("only_a_bom_and_newline"),
+              BatchFails("empty_batch")),
+    # custom_id.
+    bad_line_2("custom_id_number", "invalid_custom_id", "custom_id"),
+    bad_line_2("custom_id_list", "invalid_custom_id", "custom_id"),
+    bad_line_2("custom_id_object", "invalid_custom_id", "custom_id"),
+    bad_line_2("custom_id_bool", "invalid_custom_id", "custom_id"),
+    bad_line_2("custom_id_null", "missing_custom_id", "custom_id"),
+    bad_line_2("custom_id_empty", "missing_custom_id", "custom_id"),
+    bad_line_2("custom_id_missing", "missing_custom_id", "custom_id"),
+    bad_line_2("custom_id_too_long", "invalid_custom_id", "custom_id"),
+    InputFile("custom_id_duplicate", from_file("custom_id_duplicate"),
+              LineErrors((("duplicate_custom_id", 3, "custom_id"),))),
+    # method.
+    bad_line_2("method_lowercase", "invalid_method", "method"),
+    bad_line_2("method_get", "invalid_method", "method"),
+    bad_line_2("method_missing", "invalid_method", "method"),
+    bad_line_2("method_number", "invalid_method", "method"),
+    # url.
+    bad_line_2("url_wrong_path", "invalid_url", "url"),
+    bad_line_2("url_other_endpoint", "invalid_url", "url"),
+    bad_line_2("url_unsupported_endpoint", "invalid_url", "url"),
+    bad_line_2("url_absolute", "invalid_url", "url"),
+    bad_line_2("url_missing", "invalid_url", "url"),
+    bad_line_2("url_trailing_slash", "invalid_url", "url"),
+    # body.
+    bad_line_2("body_list", "invalid_body", "body"),
+    bad_line_2("body_string", "invalid_body", "body"),
+    bad_line_2("body_null", "invalid_body", "body"),
+    bad_line_2("body_missing", "invalid_body", "body"),
+    # body.model: checked for presence only.
+    bad_line_2("model_missing", "invalid_body", "body.model"),
+    bad_line_2("model_number", "invalid_body", "body.model"),
+    bad_line_2("model_empty", "invalid_body", "body.model"),
+    # body.messages.
+    bad_line_2("messages_missing", "invalid_body", "body.messages"),
+    bad_line_2("messages_empty", "invalid_body", "body.messages"),
+    bad_line_2("messages_object_not_list", "invalid_body", "body.messages"),
+    bad_line_2("messages_string", "invalid_body", "body.messages"),
+    bad_line_2("message_without_role", "invalid_body", "body.messages[0]"),
+    bad_line_2("message_role_number", "invalid_body", "body.messages[0]"),
+    bad_line_2("message_role_null", "invalid_body", "body.messages[0]"),
+    bad_line_2("message_not_an_object", "invalid_body", "body.messages[0]"),
+    bad_line_2("second_message_without_role", "invalid_body", "body.messages[1]"),
+    # body.prompt, in a /v1/completions batch.
+    bad_line_2("completions_prompt_missing", "invalid_body", "body.prompt",
+               endpoint=COMPLETIONS),
+    bad_line_2("completions_prompt_number", "invalid_body", "body.prompt",
+               endpoint=COMPLETIONS),
+    bad_line_2("completions_prompt_empty_list", "invalid_body", "body.prompt",
+               endpoint=COMPLETIONS),
+    bad_line_2("completions_prompt_list_of_bools", "invalid_body", "body.prompt",
+               endpoint=COMPLETIONS),
+    bad_line_2("completions_prompt_nested_lists", "invalid_body", "body.prompt",
+               endpoint=COMPLETIONS),
+    bad_line_2("completions_prompt_null", "invalid_body", "body.prompt", endpoint=COMPLETIONS),
+    bad_line_2("completions_batch_given_a_chat_line", "invalid_url", "url",
+               endpoint=COMPLETIONS),
+    # Output length.
+    bad_line_2("max_tokens_negative", "invalid_body", "body.max_tokens"),
+    bad_line_2("max_tokens_zero", "invalid_body", "body.max_tokens"),
+    bad_line_2("max_tokens_string", "invalid_body", "body.max_tokens"),
+    bad_line_2("max_tokens_float", "invalid_body", "body.max_tokens"),
+    bad_line_2("max_tokens_bool", "invalid_body", "body.max_tokens"),
+    bad_line_2("max_completion_tokens_negative", "invalid_body", "body.max_completion_tokens"),
+    # Sampling.
+    bad_line_2("temperature_negative", "invalid_body", "body.temperature"),
+    bad_line_2("temperature_string", "invalid_body", "body.temperature"),
+    bad_line_2("temperature_nan_string", "invalid_body", "body.temperature"),
+    bad_line_2("temperature_list", "invalid_body", "body.temperature"),
+    bad_line_2("top_p_zero", "invalid_body", "body.top_p"),
+    bad_line_2("top_p_two", "invalid_body", "body.top_p"),
+    bad_line_2("top_k_minus_five", "invalid_body", "body.top_k"),
+    bad_line_2("top_k_float", "invalid_body", "body.top_k"),
+    bad_line_2("n_two", "invalid_body", "body.n"),
+    bad_line_2("stream_true", "invalid_body", "body.stream"),
+    bad_line_2("stream_string", "invalid_body", "body.stream"),
+    # Several bad lines: each listed with its own number (blank lines count).
+    InputFile("every_bad_line_listed_with_its_number",
+              from_file("every_bad_line_listed_with_its_number"),
+              LineErrors((("invalid_json", 2, None), ("invalid_method", 4, "method"),
+                          ("duplicate_custom_id", 6, "custom_id"), ("invalid_url", 7, "url"),
+                          ("invalid_body", 8, "body.top_p")))),
+    # Generated: sizes and depths a checked-in file should not hold.
+    InputFile("line_of_10_mb_over_a_1_mib_limit", generated.line_of_10_mb,
+              LineErrors((("line_too_long", 2, None),)),
+              settings={"BATCHGEN_MAX_LINE_BYTES": MiB}),
+    InputFile("line_of_17_mb_over_the_default_limit", generated.line_of_17_mb,
+              LineErrors((("line_too_long", 2, None),))),
+    InputFile("line_of_10_mb_within_the_default_limit", generated.line_of_10_mb,
+              Validates(("ok-1", "long", "ok-2"))),
+    InputFile("unterminated_10_mb_of_garbage", generated.unterminated_10_mb_of_garbage,
+              LineErrors((("line_too_long", 2, None),)),
+              settings={"BATCHGEN_MAX_LINE_BYTES": MiB}),
+    InputFile("deeply_nested_body", generated.deeply_nested_body,
+              LineErrors((("invalid_json", 2, None),))),
+    InputFile("deeply_nested_list_in_messages", generated.deeply_nested_list_in_messages,
+              LineErrors((("invalid_json", 2, None),))),
+    InputFile("url_of_a_megabyte", generated.url_of_a_megabyte,
+              LineErrors((("invalid_url", 2, "url"),))),
+    InputFile("custom_id_of_a_megabyte", generated.custom_id_of_a_megabyte,
+              LineErrors((("invalid_custom_id", 2, "custom_id"),))),
+    InputFile("ten_thousand_and_one_bad_lines", generated.ten_thousand_bad_lines,
+              ErrorsCapped(invalid=10_001, listed=10_000, code="invalid_json")),
+]
+
+
+# --- uploads (POST /v1/files) -------------------------------------------------------------
+
+GOOD_LINE = generated.chat_line("a") + b"\n"
+
+
+def _upload(filename: str = "in.jsonl", content: bytes = GOOD_LINE,
+            purpose: str | None = "batch") -> Callable[[], bytes]:
+    fields = {"purpose": purpose} if purpose is not None else {}
+    return lambda: multipart(fields=fields, files=[("file", filename, content)])
+
+
+def _raw(body: bytes) -> Callable[[], bytes]:
+    return lambda: body
+
+
+UPLOADS: list[Upload] = [
+    Upload("empty_file", _upload(content=b""), Refused(400, "empty_file", "file")),
+    Upload("no_file_part", lambda: multipart(fields={"purpose": "batch"}),
+           Refused(400, "required", "file")),
+    Upload("file_sent_as_a_text_field", lambda: multipart(fields={"purpose": "batch",
+                                                                  "file": "x"}),
+           Refused(400, param="file")),
+    Upload("empty_filename", _upload(filename=""), Refused(400, param="file")),
+    Upload("purpose_missing", _upload(purpose=None), Refused(400, "required", "purpose")),
+    Upload("purpose_fine_tune", _upload(purpose="fine-tune"), Refused(400, param="purpose")),
+    Upload("purpose_batch_output", _upload(purpose="batch_output"),
+           Refused(400, param="purpose")),
+    Upload("purpose_with_nul", _upload(purpose="batch\x00"), Refused(400, param="purpose")),
+    Upload("filename_dot_dot", _upload(filename=".."), Refused(400, param="file")),
+    Upload("filename_path_traversal", _upload(filename="../../../etc/passwd"),
+           Stored("passwd")),
+    Upload("filename_windows_traversal", _upload(filename="..\\..\\boot.ini"),
+           Stored("boot.ini")),
+    Upload("filename_absolute_windows_path", _upload(filename="C:\\Users\\me\\in.jsonl"),
+           Stored("in.jsonl")),
+    Upload("filename_with_nul", _upload(filename="evil\x00.jsonl"), Stored("evil.jsonl")),
+    Upload("filename_with_control_characters", _upload(filename="tab\tesc\x1b.jsonl"),
+           Stored("tabesc.jsonl")),
+    Upload("filename_with_a_quote", _upload(filename='a\\"b.jsonl'), Stored('a"b.jsonl')),
+    Upload("filename_only_spaces", _upload(filename="   "), Stored("upload.jsonl")),
+    Upload("filename_unicode", _upload(filename="donn\u00e9es \U0001f680.jsonl"),
+           Stored("donn\u00e9es \U0001f680.jsonl")),
+    Upload("filename_decomposed_unicode_is_nfc", _upload(filename="cafe\u0301.jsonl"),
+           Stored("caf\u00e9.jsonl")),
+    Upload("filename_600_characters", _upload(filename="n" * 600), Stored("n" * 255)),
+    Upload("filename_over_the_multipart_header_limit", _upload(filename="n" * 5000),
+           Refused(400, "parse_error")),
+    Upload("two_file_parts_keeps_the_last", lambda: multipart(
+        fields={"purpose": "batch"}, files=[("file", "first.jsonl", GOOD_LINE),
+                                            ("file", "second.jsonl", GOOD_LINE)]),
+           Stored("second.jsonl")),
+    Upload("too_many_fields", lambda: multipart(
+        fields={**{f"f{i}": "x" for i in range(1_100)}, "purpose": "batch"},
+        files=[("file", "in.jsonl", GOOD_LINE)]), Refused(400)),
+    Upload("too_many_files", lambda: multipart(
+        fields={"purpose": "batch"},
+        files=[("file", f"in-{i}.jsonl", GOOD_LINE) for i in range(120)]), Refused(400)),
+    Upload("multipart_without_boundary", _raw(b"--x\r\n"), Refused(400, "parse_error"),
+           content_type="multipart/form-data"),
+    Upload("multipart_garbage", _raw(b"\x00\xff" * 100), Refused(400)),
+    Upload("multipart_truncated_mid_file",
+           lambda: multipart(fields={"purpose": "batch"},
+                             files=[("file", "in.jsonl", GOOD_LINE * 100)])[:2000],
+           Refused(400)),
+    Upload("json_instead_of_multipart", _raw(b'{"purpose": "batch"}'),
+           Refused(415), content_type="application/json"),
+]
+
+
+# --- batch creation (POST /v1/batches) ------------------------------------------------------
+
+
+def _json(value: Any) -> Callable[[], bytes]:
+    return lambda: json.dumps(value).encode()
+
+
+def _with_file(**fields: Any) -> Callable[[], bytes]:
+    return _json({"input_file_id": "@FILE@", **fields})
+
+
+CREATES: list[CreateBatch] = [
+    CreateBatch("not_json", _raw(b"{"), Refused(400, "parse_error")),
+    CreateBatch("json_array", _raw(b"[]"), Refused(400)),
+    CreateBatch("json_null", _raw(b"null"), Refused(400)),
+    CreateBatch("json_string", _raw(b'"file-x"'), Refused(400)),
+    CreateBatch("empty_body", _raw(b""), Refused(400, "required", "input_file_id")),
+    CreateBatch("nested_100000_levels", lambda: generated.json_body_nested(100_000),
+                Refused(400, "parse_error")),
+    CreateBatch("nested_2000_levels", lambda: generated.json_body_nested(2_000),
+                Refused(400, "parse_error")),
+    CreateBatch("nan_literal", _raw(b'{"input_file_id": "@FILE@", "temperature": NaN}'),
+                Refused(400, "parse_error")),
+    CreateBatch("lone_surrogate_in_a_key",
+                _raw(b'{"input_file_id": "@FILE@", "metadata": {"\\udc00": "v"}}'),
+                Refused(400, "parse_error")),
+    CreateBatch("invalid_utf8", _raw(b'{"input_file_id": "\xff\xfe"}'),
+                Refused(400, "parse_error")),
+    CreateBatch("bom_before_the_object", _raw(b'\xef\xbb\xbf{"input_file_id": "@FILE@"}'),
+                Refused(400, "parse_error")),
+    CreateBatch("input_file_id_missing", _json({"endpoint": CHAT}),
+                Refused(400, "required", "input_file_id")),
+    CreateBatch("input_file_id_null", _json({"input_file_id": None}),
+                Refused(400, "null", "input_file_id")),
+    CreateBatch("input_file_id_list", _json({"input_file_id": ["file-x"]}),
+                Refused(400, param="input_file_id")),
+    CreateBatch("input_file_id_object", _json({"input_file_id": {"id": "file-x"}}),
+                Refused(400, param="input_file_id")),
+    CreateBatch("input_file_id_unknown", _json({"input_file_id": "file-nope"}),
+                Refused(400, "invalid_input_file", "input_file_id")),
+    CreateBatch("input_file_id_sql", _json({"input_file_id": "' OR '1'='1"}),
+                Refused(400, "invalid_input_file", "input_file_id")),
+    CreateBatch("input_file_id_with_nul", _json({"input_file_id": "file-\x00"}),
+                Refused(400, param="input_file_id")),
+    CreateBatch("input_file_id_path_traversal", _json({"input_file_id": "../../etc/passwd"}),
+                Refused(400, "invalid_input_file", "input_file_id")),
+    CreateBatch("input_file_id_too_long", _json({"input_file_id": "f" * 10_000}),
+                Refused(400, "max_length", "input_file_id")),
+    CreateBatch("endpoint_embeddings", _with_file(endpoint="/v1/embeddings"),
+                Refused(400, "invalid_choice", "endpoint")),
+    CreateBatch("endpoint_number", _with_file(endpoint=1), Refused(400, param="endpoint")),
+    CreateBatch("completion_window_48h", _with_file(completion_window="48h"),
+                Refused(400, "invalid_choice", "completion_window")),
+    CreateBatch("metadata_list", _with_file(metadata=["a"]), Refused(400, "not_a_dict",
+                                                                      "metadata")),
+    CreateBatch("metadata_nested_value", _with_file(metadata={"k": {"a": 1}}),
+                Refused(400, param="metadata.k")),
+    CreateBatch("metadata_null_value", _with_file(metadata={"k": None}),
+                Refused(400, "null", "metadata.k")),
+    CreateBatch("metadata_nul_in_value", _with_file(metadata={"k": "a\x00"}),
+                Refused(400, "null_characters_not_allowed", "metadata.k")),
+    CreateBatch("metadata_nul_in_key", _with_file(metadata={"k\x00": "v"}),
+                Refused(400, param="metadata")),
+    CreateBatch("metadata_priority_not_a_number", _with_file(metadata={"priority": "high"}),
+                Refused(400, param="metadata")),
+    CreateBatch("max_decoding_length_zero", _with_file(max_decoding_length=0),
+                Refused(400, "min_value", "max_decoding_length")),
+    CreateBatch("max_decoding_length_string", _with_file(max_decoding_length="lots"),
+                Refused(400, param="max_decoding_length")),
+    CreateBatch("max_decoding_length_10_to_the_40",  # beyond 64 bits: parsed as a float
+                _raw(b'{"input_file_id": "@FILE@", "max_decoding_length": 1' + b"0" * 40 + b"}"),
+                Refused(400, param="max_decoding_length")),
+    CreateBatch("max_decoding_length_over_32_bits", _with_file(max_decoding_length=2**31),
+                Refused(400, "max_value", "max_decoding_length")),
+    CreateBatch("max_context_length_over_the_model", _with_file(max_context_length=2**31 - 1),
+                Refused(400, param="max_context_length")),
+    CreateBatch("top_k_over_32_bits", _with_file(top_k=10**12),
+                Refused(400, "max_value", "top_k")),
+    CreateBatch("top_k_negative", _with_file(top_k=-5), Refused(400, "min_value", "top_k")),
+    CreateBatch("top_k_float", _with_file(top_k=2.5), Refused(400, param="top_k")),
+    CreateBatch("temperature_negative", _with_file(temperature=-1),
+                Refused(400, "min_value", "temperature")),
+    CreateBatch("temperature_string", _with_file(temperature="hot"),
+                Refused(400, param="temperature")),
+    CreateBatch("temperature_overflowing_double",
+                _raw(b'{"input_file_id": "@FILE@", "temperature": 1e999}'),
+                Refused(400, "parse_error")),
+    CreateBatch("top_p_zero", _with_file(top_p=0), Refused(400, param="top_p")),
+    CreateBatch("top_p_two", _with_file(top_p=2), Refused(400, param="top_p")),
+    CreateBatch("form_encoded_body", _raw(b"input_file_id=@FILE@"), Refused(415),
+                content_type="application/x-www-form-urlencoded"),
+    CreateBatch("multipart_body", lambda: multipart(fields={"input_file_id": "@FILE@"}),
+                Refused(415), content_type=MULTIPART),
+    CreateBatch("text_plain_body", _raw(b"input_file_id"), Refused(415),
+                content_type="text/plain"),
+]
+
+
+# --- hostile ids and cursors in URLs ----------------------------------------------------------
+
+# (name, the id as it appears in the URL, percent-encoded where it must be)
+HOSTILE_IDS = [
+    ("path_traversal", "..%2F..%2F..%2Fetc%2Fpasswd"),
+    ("dot_dot", ".."),
+    ("nul_byte", "file%00id"),
+    ("quotes", "%22%27%60"),
+    ("sql", "%27%20OR%20%271%27%3D%271"),
+    ("sql_drop", "x%27%3B%20DROP%20TABLE%20files%3B--"),
+    ("slash", "a%2Fb"),
+    ("very_long", "i" * 10_000),
+    ("unicode", "%F0%9F%9A%80%E2%80%AE"),
+    ("invalid_utf8", "%FF%FE"),
+    ("crlf", "x%0D%0ASet-Cookie%3A%20a%3Db"),
+    ("percent_encoded_percent", "%2525"),
+]
+ENDPOINTS = [
+    # (method, path with {id}, code and param of the 404 for an id that names nothing)
+    ("GET", "/v1/files/{id}", "not_found", "file_id"),
+    ("DELETE", "/v1/files/{id}", "not_found", "file_id"),
+    ("GET", "/v1/files/{id}/content", "not_found", "file_id"),
+    ("GET", "/v1/batches/{id}", "not_found", "batch_id"),
+    ("POST", "/v1/batches/{id}/cancel", "not_found", "batch_id"),
+    ("GET", "/v1/batches/{id}/output", "not_found", "batch_id"),
+    ("GET", "/v1/models/{id}", "model_not_found", "model"),
+]
+
+
+def _id_request(method: str, template: str, code: str, param: str, name: str,
+                raw_id: str) -> Request:
+    # A slash ends a path segment: such an id never reaches the view, except the model
+    # id, whose route takes the rest of the path (but not a line break).
+    models = "/v1/models/" in template
+    if ("%2F" in raw_id and not models) or ("%0A" in raw_id and models):
+        expected = Refused(404)  # no route: "Unknown path", in the envelope
+    else:
+        expected = Refused(404, code, param)
+    label = template.replace("/v1/", "").replace("/{id}", "").replace("/", "_")
+    return Request(f"{method.lower()}_{label}_{name}", method,
+                   template.replace("{id}", raw_id), expected)
+
+
+REQUESTS: list[Request] = [
+    _id_request(method, template, code, param, name, raw_id)
+    for method, template, code, param in ENDPOINTS
+    for name, raw_id in HOSTILE_IDS
+] + [
+    Request("files_after_sql", "GET", "/v1/files?after=%27%20OR%201%3D1--", Answered()),
+    Request("files_after_nul", "GET", "/v1/files?after=a%00", Refused(400, param="after")),
+    Request("files_after_too_long", "GET", "/v1/files?after=" + "a" * 100,
+            Refused(400, "max_length", "after")),
+    Request("files_limit_huge", "GET", "/v1/files?limit=" + "9" * 40,
+            Refused(400, param="limit")),
+    Request("files_limit_negative", "GET", "/v1/files?limit=-1", Refused(400, param="limit")),
+    Request("files_order_sql", "GET", "/v1/files?order=id%3B--", Refused(400, param="order")),
+    Request("batches_after_sql", "GET", "/v1/batches?after=%27%20OR%201%3D1--", Answered()),
+    Request("batches_after_nul", "GET", "/v1/batches?after=%00", Refused(400, param="after")),
+    Request("batches_limit_float", "GET", "/v1/batches?limit=2.5", Refused(400,
+                                                                            param="limit")),
+    Request("output_offset_negative", "GET", "/v1/batches/@BATCH@/output?offset=-1",
+            Refused(400, param="offset")),
+    Request("output_offset_huge", "GET", "/v1/batches/@BATCH@/output?offset=" + "9" * 40,
+            Refused(400, param="offset")),
+]
+
+ALL_CASES = [*INPUT_FILES, *UPLOADS, *CREATES, *REQUESTS]

@@ -1,0 +1,188 @@
+"""Every case of the bad-input corpus (tests/corpus/cases.py) through the API, in
+process: each gets exactly its expected outcome, and none a 5xx."""
+
+from __future__ import annotations
+
+import json
+from io import BytesIO
+from pathlib import Path
+
+import pytest
+from django.conf import settings as django_settings
+
+from batches import services
+from batches.models import Batch, Chunk
+from batches.validation import read_chunk
+from files import storage as file_storage
+from files.models import File
+from tests.corpus.cases import (
+    ALL_CASES,
+    ANY,
+    INPUT_FILES,
+    INPUTS,
+    Answered,
+    BatchFails,
+    CreateBatch,
+    ErrorsCapped,
+    InputFile,
+    LineErrors,
+    Refused,
+    Request,
+    Stored,
+    Upload,
+    Validates,
+)
+from tests.corpus.generated import chat_line
+
+pytestmark = pytest.mark.django_db
+
+
+def check_refused(response, expected: Refused) -> None:
+    assert response.status_code == expected.status, response.content[:500]
+    assert response["Content-Type"].startswith("application/json")
+    body = json.loads(response.content)
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    assert error["type"] == ("authentication_error" if expected.status == 401
+                             else "invalid_request_error")
+    if expected.code is not ANY:
+        assert error["code"] == expected.code, error
+    if expected.param is not ANY:
+        assert error["param"] == expected.param, error
+
+
+def upload(api, content: bytes, filename: str = "input.jsonl") -> str:
+    handle = BytesIO(content)
+    handle.name = filename
+    response = api.post("/v1/files", {"file": handle, "purpose": "batch"}, format="multipart")
+    assert response.status_code == 200, response.content[:500]
+    return response.json()["id"]
+
+
+def create(api, file_id: str, endpoint: str) -> dict:
+    response = api.post("/v1/batches", {"input_file_id": file_id, "endpoint": endpoint},
+                        format="json")
+    assert response.status_code == 200, response.content[:500]
+    return response.json()
+
+
+# --- one runner per kind of case ---------------------------------------------------------------
+
+
+def run_input_file(case: InputFile, api, settings, storage) -> None:
+    for name, value in case.settings.items():
+        setattr(settings, name, value)
+    batch_id = create(api, upload(api, case.content()), case.endpoint)["id"]
+
+    services.batch_validate(batch_id=batch_id)
+
+    response = api.get(f"/v1/batches/{batch_id}")
+    assert response.status_code == 200
+    batch = response.json()
+    expected = case.expected
+    if isinstance(expected, Validates):
+        assert (batch["status"], batch["error"], batch["errors"]) == ("in_progress", None, None)
+        assert batch["request_counts"]["total"] == len(expected.custom_ids)
+        assert sorted(read_back(batch_id)) == sorted(expected.custom_ids)
+        return
+    assert batch["status"] == "failed"
+    assert Chunk.objects.filter(batch_id=batch_id).count() == 0  # nothing queued
+    if isinstance(expected, BatchFails):
+        assert batch["error"]["code"] == expected.code
+        assert batch["errors"] is None
+        return
+    assert batch["error"]["code"] == "invalid_input"
+    errors = batch["errors"]["data"]
+    for error in errors:
+        assert set(error) == {"code", "message", "line", "param"}
+        assert isinstance(error["message"], str) and error["message"]
+    if isinstance(expected, ErrorsCapped):
+        assert len(errors) == expected.listed
+        assert {e["code"] for e in errors} == {expected.code}
+        assert [e["line"] for e in errors] == list(range(1, expected.listed + 1))
+        assert str(expected.invalid) in batch["error"]["message"]
+        return
+    assert isinstance(expected, LineErrors)
+    assert [(e["code"], e["line"], e["param"]) for e in errors] == list(expected.errors)
+    assert max(len(e["message"]) for e in errors) <= expected.max_message_chars
+
+
+def read_back(batch_id: str) -> list[str]:
+    """The custom_ids of the requests, read from the chunks as a worker reads them."""
+    batch = Batch.objects.select_related("input_file").get(id=batch_id)
+    input_path = file_storage.absolute(batch.input_file.storage_name)
+    order_path = (file_storage.absolute(file_storage.order_name(batch_id)) if batch.grouped
+                  else None)
+    return [request["custom_id"]
+            for chunk in Chunk.objects.filter(batch_id=batch_id).order_by("index")
+            for request in read_chunk(input_path, start=chunk.start_offset,
+                                      end=chunk.end_offset,
+                                      max_line_bytes=django_settings.BATCHGEN_MAX_LINE_BYTES,
+                                      order_path=order_path)]
+
+
+def run_upload(case: Upload, api, settings, storage) -> None:
+    response = api.generic("POST", "/v1/files", case.body(), content_type=case.content_type)
+
+    uploads = sorted(p.name for p in (storage / "uploads").iterdir())
+    if isinstance(case.expected, Refused):
+        check_refused(response, case.expected)
+        assert File.objects.count() == 0
+        assert uploads == []  # no partial file left behind
+        return
+    assert response.status_code == 200, response.content[:500]
+    file = response.json()
+    assert file["filename"] == case.expected.filename
+    # The bytes live under the id alone, whatever the name said.
+    assert uploads == [f"{file['id']}.jsonl"]
+    assert sorted(p.name for p in storage.rglob("*") if p.is_file()) == [f"{file['id']}.jsonl"]
+
+
+def run_create(case: CreateBatch, api, settings, storage) -> None:
+    file_id = upload(api, chat_line("a") + b"\n")
+    body = case.body().replace(b"@FILE@", file_id.encode())
+
+    response = api.generic("POST", "/v1/batches", body, content_type=case.content_type)
+
+    check_refused(response, case.expected)
+    assert Batch.objects.count() == 0
+
+
+def run_request(case: Request, api, settings, storage) -> None:
+    path = case.path
+    if "@BATCH@" in path:
+        path = path.replace("@BATCH@", create(api, upload(api, chat_line("a") + b"\n"),
+                                              "/v1/chat/completions")["id"])
+
+    response = api.generic(case.method, path)
+
+    if isinstance(case.expected, Answered):
+        assert response.status_code == case.expected.status, response.content[:500]
+        assert response.json()["object"] == "list"
+    else:
+        check_refused(response, case.expected)
+
+
+RUNNERS = {InputFile: run_input_file, Upload: run_upload, CreateBatch: run_create,
+           Request: run_request}
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=lambda case: f"{type(case).__name__}-{case.name}")
+def test_corpus_case_gets_its_expected_outcome(case, api, settings, storage, published):
+    RUNNERS[type(case)](case, api, settings, storage)
+
+
+# --- the manifest itself ------------------------------------------------------------------------
+
+
+def test_manifest_names_are_unique_and_every_input_file_has_a_case():
+    names = [f"{type(case).__name__}-{case.name}" for case in ALL_CASES]
+    assert len(names) == len(set(names))
+    on_disk = {path.stem for path in Path(INPUTS).glob("*.jsonl")}
+    from_files = {case.name for case in INPUT_FILES}
+    assert on_disk <= from_files, f"files without a case: {sorted(on_disk - from_files)}"
+    malformed = [case for case in ALL_CASES
+                 if not isinstance(case.expected, (Validates, Stored, Answered))]
+    assert len(malformed) >= 40
