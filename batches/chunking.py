@@ -3,7 +3,7 @@
 Contiguous (prefix grouping off): a chunk is a byte range of the input file.
 
 Prefix-grouped (the default): requests that share a prompt prefix — the same system
-prompt and few-shot turns — are put in the same chunks, so they reach the engine
+prompt, which few-shot turns follow — are put in the same chunks, so they reach the engine
 together and vLLM's prefix cache computes the shared part once. Validation sorts each
 window of lines by prefix key (stable, so input order holds within a group) and
 writes the sorted (offset, length) pairs to an order file beside the upload; a chunk
@@ -14,12 +14,10 @@ order in the output was never guaranteed, and each line still carries its custom
 
 from __future__ import annotations
 
-import hashlib
 from array import array
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
-
-import orjson
 
 CHAT = "/v1/chat/completions"
 ORDER_ENTRY = array("q").itemsize * 2  # (offset, length) as two int64
@@ -31,18 +29,23 @@ GROUPING_WINDOW = 65_536
 PREFIX_CHARS = 512
 
 
-def prefix_key(body: dict[str, Any], endpoint: str) -> bytes:
+def prefix_key(body: dict[str, Any], endpoint: str) -> int:
+    """A key equal for requests that likely share a prefix: for chat, the first
+    message (the system prompt, which few-shot turns follow) when more come after it;
+    otherwise the first characters of the only message or of the prompt. Keys are
+    compared only within one validation run, so Python's own hash serves, and it is
+    cached on each string."""
     if endpoint == CHAT:
-        messages = body.get("messages") or []
-        shared = messages[:-1] if len(messages) > 1 else [
-            {"role": m.get("role"), "content": str(m.get("content"))[:PREFIX_CHARS]}
-            for m in messages]
-        data = orjson.dumps(shared, option=orjson.OPT_SORT_KEYS)
-    else:
-        prompt = body.get("prompt")
-        data = (prompt if isinstance(prompt, str) else orjson.dumps(prompt))[:PREFIX_CHARS]
-        data = data.encode() if isinstance(data, str) else data
-    return hashlib.blake2b(data, digest_size=8).digest()
+        messages = body["messages"]
+        first = messages[0]
+        content = first.get("content")
+        if not isinstance(content, str):
+            content = str(content)
+        if len(messages) == 1:
+            content = content[:PREFIX_CHARS]
+        return hash((first.get("role"), content))
+    prompt = body.get("prompt")
+    return hash(prompt[:PREFIX_CHARS] if isinstance(prompt, str) else str(prompt)[:PREFIX_CHARS])
 
 
 class ContiguousChunker:
@@ -50,12 +53,12 @@ class ContiguousChunker:
 
     grouped = False
 
-    def __init__(self, chunk_size: int) -> None:
+    def __init__(self, chunk_size: int, endpoint: str) -> None:
         self.chunk_size = chunk_size
         self.chunks: list[tuple[int, int, int, int]] = []  # start, end, first line, count
         self._open: list[int] | None = None
 
-    def add(self, *, start: int, end: int, line: int, item: dict, endpoint: str) -> None:
+    def add(self, start: int, end: int, line: int, item: dict) -> None:
         if self._open is None:
             self._open = [start, end, line, 0]
         self._open[1] = end
@@ -78,32 +81,36 @@ class PrefixGroupingChunker:
 
     grouped = True
 
-    def __init__(self, chunk_size: int, order_path: Path, window: int = GROUPING_WINDOW):
+    def __init__(self, chunk_size: int, endpoint: str, order_path: Path,
+                 window: int = GROUPING_WINDOW):
         self.chunk_size = chunk_size
+        self.endpoint = endpoint
         self.order_path = order_path
         self.window = window
         self.chunks: list[tuple[int, int, int, int]] = []
-        self._pending: list[tuple[bytes, int, int, int]] = []  # key, offset, length, line
+        self._pending: list[tuple[int, int, int, int]] = []  # key, offset, length, line
         self._written = 0  # entries in the order file
         order_path.parent.mkdir(parents=True, exist_ok=True)
         self._file = order_path.open("wb")
 
-    def add(self, *, start: int, end: int, line: int, item: dict, endpoint: str) -> None:
-        self._pending.append((prefix_key(item["body"], endpoint), start, end - start, line))
+    def add(self, start: int, end: int, line: int, item: dict) -> None:
+        self._pending.append((prefix_key(item["body"], self.endpoint), start, end - start, line))
         if len(self._pending) >= self.window:
             self._flush()
 
     def _flush(self) -> None:
-        self._pending.sort(key=lambda entry: entry[0])  # stable: input order within a group
-        for first in range(0, len(self._pending), self.chunk_size):
-            group = self._pending[first:first + self.chunk_size]
-            entries = array("q")
-            for _, offset, length, _ in group:
-                entries.extend((offset, length))
-            entries.tofile(self._file)
-            begin = self._written * ORDER_ENTRY
-            self._written += len(group)
-            self.chunks.append((begin, self._written * ORDER_ENTRY, group[0][3], len(group)))
+        pending = self._pending
+        pending.sort(key=itemgetter(0))  # stable: input order within a group
+        entries = array("q")
+        for _, offset, length, _ in pending:
+            entries.append(offset)
+            entries.append(length)
+        entries.tofile(self._file)
+        for first in range(0, len(pending), self.chunk_size):
+            count = min(self.chunk_size, len(pending) - first)
+            begin = (self._written + first) * ORDER_ENTRY
+            self.chunks.append((begin, begin + count * ORDER_ENTRY, pending[first][3], count))
+        self._written += len(pending)
         self._pending = []
 
     def finish(self) -> None:

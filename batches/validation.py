@@ -7,7 +7,6 @@ the 8-byte digests of the custom_ids seen (for uniqueness) and the error list.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -80,6 +79,16 @@ def iter_lines(path: Path, *, start: int = 0, end: int | None = None,
             yield number, offset, raw
 
 
+def _skip_rest_of_line(fh) -> int:
+    """Read past the rest of an over-long line in bounded pieces; bytes skipped."""
+    skipped = 0
+    while True:
+        rest = fh.readline(1024 * 1024)
+        skipped += len(rest)
+        if not rest or rest.endswith(b"\n"):
+            return skipped
+
+
 def parse_line(raw: bytes, *, endpoint: str) -> dict[str, Any]:
     """Parse and check one input line; raise LineError naming what is wrong."""
     try:
@@ -149,31 +158,35 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _positive_int(value: Any) -> bool:
+    return _is_int(value) and value >= 1
+
+
+# Each checked parameter: (value is fine?, what it must be). Only the keys a body
+# actually has are looked at, so a typical line costs one set intersection.
+SAMPLING_RULES: dict[str, tuple[Any, str]] = {
+    "max_tokens": (_positive_int, "must be a positive integer"),
+    "max_completion_tokens": (_positive_int, "must be a positive integer"),
+    "max_decoding_length": (_positive_int, "must be a positive integer"),
+    "max_context_length": (_positive_int, "must be a positive integer"),
+    "temperature": (lambda v: _is_number(v) and v >= 0, "must be a number >= 0"),
+    "top_p": (lambda v: _is_number(v) and 0 < v <= 1, "must be in (0, 1]"),
+    "top_k": (lambda v: _is_int(v) and v >= -1, "must be an integer >= 0 (or -1 for off)"),
+    "n": (lambda v: v == 1 and not isinstance(v, bool), "must be 1"),
+    "stream": (lambda v: v is False, "must be false: streaming is not available in a batch"),
+}
+_SAMPLING_KEYS = SAMPLING_RULES.keys()
+
+
 def check_sampling(values: dict[str, Any], *, prefix: str = "") -> None:
     """The sampling and length parameters shared by lines and batches."""
-    for key in ("max_tokens", "max_completion_tokens", "max_decoding_length",
-                "max_context_length"):
-        value = values.get(key)
-        if value is not None and (not _is_int(value) or value < 1):
-            raise LineError("invalid_body", f"{prefix}{key} must be a positive integer.",
-                            f"{prefix}{key}")
-    temperature = values.get("temperature")
-    if temperature is not None and (not _is_number(temperature) or temperature < 0):
-        raise LineError("invalid_body", f"{prefix}temperature must be a number >= 0.",
-                        f"{prefix}temperature")
-    top_p = values.get("top_p")
-    if top_p is not None and (not _is_number(top_p) or not 0 < top_p <= 1):
-        raise LineError("invalid_body", f"{prefix}top_p must be in (0, 1].", f"{prefix}top_p")
-    top_k = values.get("top_k")
-    if top_k is not None and (not _is_int(top_k) or top_k < -1):
-        raise LineError("invalid_body",
-                        f"{prefix}top_k must be an integer >= 0 (or -1 for off).",
-                        f"{prefix}top_k")
-    if values.get("n") not in (None, 1):
-        raise LineError("invalid_body", f"{prefix}n must be 1.", f"{prefix}n")
-    if values.get("stream") not in (None, False):
-        raise LineError("invalid_body", "Streaming is not available in a batch.",
-                        f"{prefix}stream")
+    for key in values.keys() & _SAMPLING_KEYS:
+        value = values[key]
+        if value is None:
+            continue
+        valid, must = SAMPLING_RULES[key]
+        if not valid(value):
+            raise LineError("invalid_body", f"{prefix}{key} {must}.", f"{prefix}{key}")
 
 
 def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes: int,
@@ -182,45 +195,55 @@ def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes:
     the input, or, with `order_path`, ranges of an order file that groups requests
     sharing a prompt prefix (batches/chunking.py)."""
     report = ValidationReport()
-    chunker = (PrefixGroupingChunker(chunk_size, order_path) if order_path is not None
-               else ContiguousChunker(chunk_size))
-    seen: set[bytes] = set()
-    previous_offset = 0
+    chunker = (PrefixGroupingChunker(chunk_size, endpoint, order_path)
+               if order_path is not None else ContiguousChunker(chunk_size, endpoint))
+    # Uniqueness by 64-bit hashes of the ids, not the ids: flat memory for a million
+    # lines (a false duplicate needs a collision, about 1 in 10^7 for 10^6 ids).
+    seen: set[int] = set()
+    add_to_chunk = chunker.add
+    parse = parse_line
+    line_number = 0
+    offset = 0
     try:
-        for line_number, offset, raw in iter_lines(path, max_line_bytes=max_line_bytes):
-            line_start = previous_offset
-            previous_offset = offset
-            if raw is None:
-                report.add_error(line_number, "line_too_long",
-                                 f"Line is longer than the server's limit of "
-                                 f"{max_line_bytes} bytes (BATCHGEN_MAX_LINE_BYTES).")
-                continue
-            if line_number == 1 and raw.startswith(BOM):
-                raw = raw[len(BOM):]
-                line_start += len(BOM)
-            if not raw.strip():
-                continue
-            try:
-                item = parse_line(raw, endpoint=endpoint)
-            except LineError as error:
-                report.add_error(line_number, error.code, error.message, error.param)
-                continue
-            digest = hashlib.blake2b(item["custom_id"].encode(), digest_size=8).digest()
-            if digest in seen:
-                report.add_error(line_number, "duplicate_custom_id",
-                                 f"custom_id {item['custom_id']!r} appears more than once.",
-                                 "custom_id")
-                continue
-            seen.add(digest)
-            report.total += 1
-            if report.total > max_requests:
-                report.add_error(line_number, "too_many_requests",
-                                 f"A batch holds at most {max_requests} requests "
-                                 "(BATCHGEN_MAX_REQUESTS_PER_BATCH); this line is one more.")
-                break
-            if not report.invalid:  # once a line is bad nothing will be queued
-                chunker.add(start=line_start, end=offset, line=line_number, item=item,
-                            endpoint=endpoint)
+        with path.open("rb") as fh:
+            readline = fh.readline
+            limit = max_line_bytes + 1
+            while raw := readline(limit):
+                line_start = offset
+                offset += len(raw)
+                line_number += 1
+                if len(raw) == limit and not raw.endswith(b"\n"):
+                    offset += _skip_rest_of_line(fh)
+                    report.add_error(line_number, "line_too_long",
+                                     f"Line is longer than the server's limit of "
+                                     f"{max_line_bytes} bytes (BATCHGEN_MAX_LINE_BYTES).")
+                    continue
+                if line_number == 1 and raw.startswith(BOM):
+                    raw = raw[len(BOM):]
+                    line_start += len(BOM)
+                if not raw.strip():
+                    continue
+                try:
+                    item = parse(raw, endpoint=endpoint)
+                except LineError as error:
+                    report.add_error(line_number, error.code, error.message, error.param)
+                    continue
+                digest = hash(item["custom_id"])
+                if digest in seen:
+                    report.add_error(line_number, "duplicate_custom_id",
+                                     f"custom_id {item['custom_id']!r} appears more than once.",
+                                     "custom_id")
+                    continue
+                seen.add(digest)
+                report.total += 1
+                if report.total > max_requests:
+                    report.add_error(line_number, "too_many_requests",
+                                     f"A batch holds at most {max_requests} requests "
+                                     "(BATCHGEN_MAX_REQUESTS_PER_BATCH); this line is one "
+                                     "more.")
+                    break
+                if not report.invalid:  # once a line is bad nothing will be queued
+                    add_to_chunk(line_start, offset, line_number, item)
         chunker.finish()
     except BaseException:
         chunker.discard()

@@ -36,6 +36,9 @@ def test_shared_system_prompts_share_a_key_and_different_ones_do_not():
     b = {"messages": [{"role": "system", "content": "T"}, {"role": "user", "content": "1"}]}
     chat = "/v1/chat/completions"
     assert prefix_key(a1, chat) == prefix_key(a2, chat) != prefix_key(b, chat)
+    lone = {"messages": [{"role": "user", "content": "S" * 600 + "end"}]}
+    shorter = {"messages": [{"role": "user", "content": "S" * 600}]}
+    assert prefix_key(lone, chat) == prefix_key(shorter, chat)
     same_start = {"prompt": "x" * 600 + "tail one"}
     other_tail = {"prompt": "x" * 600 + "tail two"}
     assert prefix_key(same_start, "/v1/completions") == prefix_key(other_tail, "/v1/completions")
