@@ -15,7 +15,8 @@ order in the output was never guaranteed, and each line still carries its custom
 from __future__ import annotations
 
 from array import array
-from operator import itemgetter
+
+import numpy as np
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,19 @@ GROUPING_WINDOW = 65_536
 # Without earlier turns, the first characters of the only message or of the prompt
 # stand for its prefix.
 PREFIX_CHARS = 512
+
+
+def prefix_key_of_line(line) -> int:
+    """prefix_key for a line decoded by batches.line_schema (the fast path)."""
+    body = line.body
+    if hasattr(body, "messages"):
+        first = body.messages[0]
+        content = first.content if isinstance(first.content, str) else str(first.content)
+        if len(body.messages) == 1:
+            content = content[:PREFIX_CHARS]
+        return hash((first.role, content))
+    prompt = body.prompt
+    return hash(prompt[:PREFIX_CHARS] if isinstance(prompt, str) else str(prompt)[:PREFIX_CHARS])
 
 
 def prefix_key(body: dict[str, Any], endpoint: str) -> int:
@@ -58,7 +72,7 @@ class ContiguousChunker:
         self.chunks: list[tuple[int, int, int, int]] = []  # start, end, first line, count
         self._open: list[int] | None = None
 
-    def add(self, start: int, end: int, line: int, item: dict) -> None:
+    def add(self, start: int, end: int, line: int, key: int) -> None:
         if self._open is None:
             self._open = [start, end, line, 0]
         self._open[1] = end
@@ -88,33 +102,39 @@ class PrefixGroupingChunker:
         self.order_path = order_path
         self.window = window
         self.chunks: list[tuple[int, int, int, int]] = []
-        self._pending: list[tuple[int, int, int, int]] = []  # key, offset, length, line
+        # One window of lines, column by column: cheap to append, sorted with numpy.
+        self._keys, self._offsets, self._lengths, self._lines = (
+            array("q"), array("q"), array("q"), array("q"))
         self._written = 0  # entries in the order file
         order_path.parent.mkdir(parents=True, exist_ok=True)
         self._file = order_path.open("wb")
 
-    def add(self, start: int, end: int, line: int, item: dict) -> None:
-        self._pending.append((prefix_key(item["body"], self.endpoint), start, end - start, line))
-        if len(self._pending) >= self.window:
+    def add(self, start: int, end: int, line: int, key: int) -> None:
+        self._keys.append(key)
+        self._offsets.append(start)
+        self._lengths.append(end - start)
+        self._lines.append(line)
+        if len(self._keys) >= self.window:
             self._flush()
 
     def _flush(self) -> None:
-        pending = self._pending
-        pending.sort(key=itemgetter(0))  # stable: input order within a group
-        entries = array("q")
-        for _, offset, length, _ in pending:
-            entries.append(offset)
-            entries.append(length)
+        count = len(self._keys)
+        order = np.argsort(np.frombuffer(self._keys, dtype=np.int64), kind="stable")
+        entries = np.empty((count, 2), dtype=np.int64)  # (offset, length) in group order
+        entries[:, 0] = np.frombuffer(self._offsets, dtype=np.int64)[order]
+        entries[:, 1] = np.frombuffer(self._lengths, dtype=np.int64)[order]
         entries.tofile(self._file)
-        for first in range(0, len(pending), self.chunk_size):
-            count = min(self.chunk_size, len(pending) - first)
+        first_lines = np.frombuffer(self._lines, dtype=np.int64)[order]
+        for first in range(0, count, self.chunk_size):
+            size = min(self.chunk_size, count - first)
             begin = (self._written + first) * ORDER_ENTRY
-            self.chunks.append((begin, begin + count * ORDER_ENTRY, pending[first][3], count))
-        self._written += len(pending)
-        self._pending = []
+            self.chunks.append((begin, begin + size * ORDER_ENTRY, int(first_lines[first]), size))
+        self._written += count
+        self._keys, self._offsets, self._lengths, self._lines = (
+            array("q"), array("q"), array("q"), array("q"))
 
     def finish(self) -> None:
-        if self._pending:
+        if self._keys:
             self._flush()
         self._file.close()
 

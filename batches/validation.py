@@ -15,7 +15,14 @@ from typing import Any
 
 import orjson
 
-from batches.chunking import ContiguousChunker, PrefixGroupingChunker, read_order
+from batches.chunking import (
+    ContiguousChunker,
+    PrefixGroupingChunker,
+    prefix_key,
+    prefix_key_of_line,
+    read_order,
+)
+from batches.line_schema import DECODERS, DecodeError
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -202,6 +209,8 @@ def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes:
     seen: set[int] = set()
     add_to_chunk = chunker.add
     parse = parse_line
+    decode = DECODERS[endpoint].decode
+    grouped = chunker.grouped
     line_number = 0
     offset = 0
     try:
@@ -224,14 +233,23 @@ def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes:
                 if not raw.strip():
                     continue
                 try:
-                    item = parse(raw, endpoint=endpoint)
-                except LineError as error:
-                    report.add_error(line_number, error.code, error.message, error.param)
-                    continue
-                digest = hash(item["custom_id"])
+                    line = decode(raw)
+                    custom_id = line.custom_id
+                    key = prefix_key_of_line(line) if grouped else 0
+                except DecodeError:
+                    # The slow path names the problem, or accepts what the strict
+                    # types did not (a float 1.0 for n, say).
+                    try:
+                        item = parse(raw, endpoint=endpoint)
+                    except LineError as error:
+                        report.add_error(line_number, error.code, error.message, error.param)
+                        continue
+                    custom_id = item["custom_id"]
+                    key = prefix_key(item["body"], endpoint) if grouped else 0
+                digest = hash(custom_id)
                 if digest in seen:
                     report.add_error(line_number, "duplicate_custom_id",
-                                     f"custom_id {item['custom_id']!r} appears more than once.",
+                                     f"custom_id {custom_id!r} appears more than once.",
                                      "custom_id")
                     continue
                 seen.add(digest)
@@ -243,7 +261,7 @@ def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes:
                                      "more.")
                     break
                 if not report.invalid:  # once a line is bad nothing will be queued
-                    add_to_chunk(line_start, offset, line_number, item)
+                    add_to_chunk(line_start, offset, line_number, key)
         chunker.finish()
     except BaseException:
         chunker.discard()
