@@ -15,10 +15,10 @@ order in the output was never guaranteed, and each line still carries its custom
 from __future__ import annotations
 
 from array import array
-
-import numpy as np
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 CHAT = "/v1/chat/completions"
 ORDER_ENTRY = array("q").itemsize * 2  # (offset, length) as two int64
