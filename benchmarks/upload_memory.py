@@ -1,0 +1,188 @@
+"""Upload memory: the web process stays flat while a 1 GiB upload streams (issue 2).
+
+Starts a real server (`manage.py serve`, one gunicorn worker), then streams a
+1 GiB multipart upload to `POST /v1/files`. The client generates the body on the
+fly (a 1 MiB block of JSONL lines sent again and again from a generator, with an
+exact Content-Length), so neither side ever has the file in memory. The RSS of the
+gunicorn worker that handles the request is sampled every 50 ms.
+
+Reported: the worker's RSS at the start (after a small warm-up upload), its peak
+during the upload and at the end, and the upload throughput; next to a baseline
+that does the same server-side work without HTTP (hash with sha256 and write the
+same bytes to a file on the same disk, then fsync), to show what the disk allows.
+
+Flat means peak - start under ~30 MB.
+
+    .venv/bin/python benchmarks/upload_memory.py            # 1 GiB
+    .venv/bin/python benchmarks/upload_memory.py --quick    # 128 MiB
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (  # noqa: E402
+    MiB,
+    RssSampler,
+    mark_start,
+    mib,
+    print_table,
+    running_server,
+    scratch_dir,
+    server_processes,
+    wait_for_quiet,
+    write_results,
+)
+
+FLAT_MB = 30
+
+
+def jsonl_block(size: int = MiB) -> bytes:
+    """About `size` bytes of valid chat JSONL lines, cut at a line end."""
+    lines, total, i = [], 0, 0
+    while total < size:
+        line = orjson.dumps({"custom_id": f"request-{i}", "method": "POST",
+                             "url": "/v1/chat/completions",
+                             "body": {"model": "m", "messages": [
+                                 {"role": "user", "content": f"Tell me about the number {i}."}
+                             ]}}) + b"\n"
+        lines.append(line)
+        total += len(line)
+        i += 1
+    block = b"".join(lines)
+    return block[:block.rfind(b"\n", 0, size) + 1]
+
+
+def content(total: int, block: bytes) -> Iterator[bytes]:
+    view = memoryview(block)
+    left = total
+    while left:
+        take = min(left, len(block))
+        yield bytes(view[:take]) if take < len(block) else block
+        left -= take
+
+
+def multipart(total: int, block: bytes) -> tuple[dict[str, str], int, Iterator[bytes]]:
+    boundary = uuid.uuid4().hex
+    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\n"
+            f"batch\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; "
+            f"filename=\"big.jsonl\"\r\nContent-Type: application/jsonl\r\n\r\n").encode()
+    tail = f"\r\n--{boundary}--\r\n".encode()
+
+    def body() -> Iterator[bytes]:
+        yield head
+        yield from content(total, block)
+        yield tail
+
+    length = len(head) + total + len(tail)
+    headers = {"Content-Type": f"multipart/form-data; boundary={boundary}",
+               "Content-Length": str(length)}
+    return headers, length, body()
+
+
+def baseline(path: Path, total: int, block: bytes) -> dict:
+    """What the server does with the bytes, without HTTP: hash, write, fsync."""
+    started = time.perf_counter()
+    digest = hashlib.sha256()
+    with path.open("wb") as fh:
+        for piece in content(total, block):
+            digest.update(piece)
+            fh.write(piece)
+        fh.flush()
+        os.fsync(fh.fileno())
+    seconds = time.perf_counter() - started
+    path.unlink()
+    return {"seconds": round(seconds, 2), "mib_per_s": round(total / MiB / seconds, 1)}
+
+
+def upload(http: httpx.Client, total: int, block: bytes) -> tuple[dict, float]:
+    headers, _, body = multipart(total, block)
+    started = time.perf_counter()
+    response = http.post("/v1/files", content=body, headers=headers)
+    seconds = time.perf_counter() - started
+    if response.status_code != 200:
+        raise RuntimeError(f"upload answered {response.status_code}: {response.text[:500]}")
+    return response.json(), seconds
+
+
+def web_worker_only(server):
+    return {"web worker": server_processes(server)["web worker"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mib", type=int, default=1024, help="upload size in MiB")
+    parser.add_argument("--quick", action="store_true", help="128 MiB")
+    parser.add_argument("--interval", type=float, default=0.05, help="RSS sampling period, s")
+    parser.add_argument("--name", default="upload_memory",
+                        help="results file name (benchmarks/results/NAME.json)")
+    args = parser.parse_args()
+    mark_start()
+    total = (128 if args.quick else args.mib) * MiB
+    block = jsonl_block()
+
+    with scratch_dir("upload") as work:
+        noise = wait_for_quiet()
+        print(f"baseline: sha256 + write + fsync of {mib(total)} MiB to {work} ...", flush=True)
+        base = baseline(work / "baseline.bin", total, block)
+        with running_server(work / "storage", engine="simulated") as server, \
+                httpx.Client(base_url=server.base_url, timeout=900) as http:
+            upload(http, MiB, block)  # warm-up: the first upload's imports and buffers
+            time.sleep(0.5)
+            sampler = RssSampler(lambda: web_worker_only(server), interval=args.interval)
+            start_rss = sampler.current()["web worker"]
+            sampler.start()
+            time.sleep(0.3)
+            sampler.set_phase("upload")
+            print(f"uploading {mib(total)} MiB ...", flush=True)
+            file, seconds = upload(http, total, block)
+            sampler.set_phase("after")
+            time.sleep(1.0)
+            sampler.stop()
+            end_rss = sampler.current()["web worker"]
+            http.delete(f"/v1/files/{file['id']}")
+    if file["bytes"] != total:
+        raise RuntimeError(f"the server stored {file['bytes']} bytes, not {total}")
+    series = sampler.series.get("web worker", [])
+    peak = sampler.peak("web worker", ["upload"])
+    growth = peak - start_rss
+    flat = growth < FLAT_MB * 1e6
+    mib_per_s = total / MiB / seconds
+    print_table(f"Upload of {mib(total)} MiB, web worker RSS sampled every "
+                f"{int(args.interval * 1000)} ms ({len(series)} samples)",
+                ["figure", "value"], [
+                    ["RSS at start, MiB", mib(start_rss)],
+                    ["RSS peak during upload, MiB", mib(peak)],
+                    ["RSS at end, MiB", mib(end_rss)],
+                    ["peak - start, MiB", mib(growth)],
+                    ["upload time, s", round(seconds, 2)],
+                    ["upload throughput, MiB/s", round(mib_per_s, 1)],
+                    ["baseline (sha256 + write + fsync), MiB/s", base["mib_per_s"]],
+                    ["upload / baseline throughput", round(mib_per_s / base["mib_per_s"], 2)],
+                ])
+    print(f"\nflat (peak - start under {FLAT_MB} MB): {'YES' if flat else 'NO'} "
+          f"({growth / 1e6:.1f} MB)")
+    step = max(1, len(series) // 200)  # keep the JSON small: about 200 points
+    write_results(args.name, {
+        "quick": args.quick, "upload_bytes": total, "noise_before": noise,
+        "rss_start_mib": mib(start_rss), "rss_peak_mib": mib(peak), "rss_end_mib": mib(end_rss),
+        "rss_growth_mib": mib(growth), "flat": flat, "upload_s": round(seconds, 2),
+        "upload_mib_per_s": round(mib_per_s, 1), "baseline": base,
+        "ratio_to_baseline": round(mib_per_s / base["mib_per_s"], 2),
+        "rss_series_mib": [[t, mib(v)] for t, v in series[::step]],
+    })
+
+
+if __name__ == "__main__":
+    main()
