@@ -239,9 +239,9 @@ class InferenceRuntime:
             pending.append((request, estimate_tokens(request)))
         tasks: set[asyncio.Task] = set()
 
-        def submit(request: EngineRequest, tokens: int) -> None:
-            self.loop.call_soon_threadsafe(self._start_request, request, tokens, results,
-                                           tasks)
+        def submit(admitted: list[tuple[EngineRequest, int]]) -> None:
+            # One hand-over to the engine loop for everything admitted at once.
+            self.loop.call_soon_threadsafe(self._start_requests, admitted, results, tasks)
 
         try:
             return self._loop_requests(work, pending, tasks, results, submit, output)
@@ -260,13 +260,15 @@ class InferenceRuntime:
                 stopped = True
                 pending.clear()
                 self.loop.call_soon_threadsafe(lambda: [t.cancel() for t in list(tasks)])
+            admitted = []
             while pending and self.slots.try_acquire(tokens=pending[0][1]):
-                submit(*pending.popleft())
-                outstanding += 1
-            if pending and not outstanding and self.slots.acquire(timeout=PROGRESS_INTERVAL,
-                                                                  tokens=pending[0][1]):
-                submit(*pending.popleft())
-                outstanding += 1
+                admitted.append(pending.popleft())
+            if (pending and not outstanding and not admitted
+                    and self.slots.acquire(timeout=PROGRESS_INTERVAL, tokens=pending[0][1])):
+                admitted.append(pending.popleft())
+            if admitted:
+                submit(admitted)
+                outstanding += len(admitted)
             if not outstanding:
                 continue
             finished = self._drain(results)
@@ -314,11 +316,12 @@ class InferenceRuntime:
 
     # --- on the engine loop ----------------------------------------------------------------
 
-    def _start_request(self, request: EngineRequest, tokens: int, results: queue.SimpleQueue,
-                       tasks: set) -> None:
-        task = self.loop.create_task(self._generate(request, tokens, results))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+    def _start_requests(self, admitted: list[tuple[EngineRequest, int]],
+                        results: queue.SimpleQueue, tasks: set) -> None:
+        for request, tokens in admitted:
+            task = self.loop.create_task(self._generate(request, tokens, results))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
 
     async def _generate(self, request: EngineRequest, tokens: int,
                         results: queue.SimpleQueue) -> None:
