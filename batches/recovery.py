@@ -42,15 +42,19 @@ class RecoveryReport:
 def recover() -> RecoveryReport:
     report = RecoveryReport()
     refs = chunks_requeue_expired()
+    refs += chunks_lost_by_broker(refs)
     if refs:
         publish_chunks(refs)
     report.chunks_requeued = len(refs)
 
     from batches.tasks import validate_batch
 
-    stuck = Batch.objects.filter(
-        status=BatchStatus.VALIDATING,
-        validation_started_at__lt=timezone.now() - validation_timeout(),
+    overdue = timezone.now() - validation_timeout()
+    stuck = (
+        Batch.objects.filter(status=BatchStatus.VALIDATING, validation_started_at__lt=overdue)
+        # Never started: its task was lost before a worker took it (broker down).
+        | Batch.objects.filter(status=BatchStatus.VALIDATING,
+                               validation_started_at__isnull=True, created_at__lt=overdue)
     ).values_list("id", flat=True)
     for batch_id in stuck:
         Batch.objects.filter(id=batch_id).update(validation_started_at=None)
@@ -77,3 +81,42 @@ def recover() -> RecoveryReport:
     if report.chunks_requeued or report.validations_restarted or report.batches_finalized:
         logger.info("recovery: %s", report)
     return report
+
+
+# A dispatched chunk still unclaimed this long after its publish may have been lost.
+LOST_AFTER = timedelta(seconds=30)
+
+
+def inference_queue_length() -> int | None:
+    """Messages waiting in the broker's inference queue (None if it cannot tell)."""
+    from amqp.exceptions import ChannelError
+
+    from batchgen_site.celery import QueueName, app
+
+    try:
+        with app.connection_for_write() as connection:
+            return connection.default_channel.queue_declare(
+                queue=QueueName.INFERENCE.value, passive=True).message_count
+    except ChannelError:
+        return 0  # the queue itself is gone: a broker that came back empty
+    except Exception:
+        logger.exception("cannot read the inference queue's length")
+        return None
+
+
+def chunks_lost_by_broker(already: list) -> list:
+    """Queued chunks published a while ago that the broker no longer holds (it lost
+    them in a restart without persistence). Published again; a duplicate message is
+    harmless because a claim is a conditional update."""
+    ids = {ref[1] for ref in already}
+    stale = list(Chunk.objects.filter(
+        status=ChunkStatus.QUEUED, published_at__lt=timezone.now() - LOST_AFTER,
+    ).exclude(id__in=ids).values_list("batch_id", "id", "index"))
+    if not stale:
+        return []
+    length = inference_queue_length()
+    if length is None or length >= len(stale):
+        return []
+    logger.warning("the broker holds %s message(s) for %s queued chunk(s); publishing "
+                   "them again", length, len(stale))
+    return stale

@@ -125,7 +125,9 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
             priority=priority,
             owner=owner,
         )
-        transaction.on_commit(lambda: validate_batch.delay(batch.id))
+        # robust: a broker that is down must not turn a committed batch into a 500;
+        # recovery validates batches whose validation never started.
+        transaction.on_commit(lambda: validate_batch.delay(batch.id), robust=True)
     logger.info("batch created batch_id=%s input_file_id=%s endpoint=%s", batch.id,
                 input_file_id, endpoint)
     return batch

@@ -210,6 +210,10 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # long; our own lease recovery requeues lost chunks sooner, so keep this generous.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 6 * 3600}
 CELERY_TASK_TIME_LIMIT = 6 * 3600
+# After a broker connection is lost Celery lowers the prefetch count to 1 and raises
+# it again as tasks finish; with RabbitMQ the inference worker was seen taking
+# nothing for minutes after a broker restart. Chunk threads need their full prefetch.
+CELERY_WORKER_ENABLE_PREFETCH_COUNT_REDUCTION = False
 CELERY_WORKER_SEND_TASK_EVENTS = True  # Flower
 CELERY_TASK_SEND_SENT_EVENT = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(RUN_DIR / "celerybeat-schedule")

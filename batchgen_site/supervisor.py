@@ -85,6 +85,12 @@ class Supervisor:
                 if process is not None and now - program.started_at > STABLE_AFTER:
                     program.backoff = BACKOFF_START
                 continue
+            # Its children (Celery beat, gunicorn's workers) share its process group
+            # and must not outlive it: a second beat, or a worker holding the port.
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             delay = program.backoff
             logger.error("%s (pid %s) exited with code %s; restarting in %.0f s",
                          program.name, process.pid, process.returncode, delay)

@@ -1,0 +1,254 @@
+"""Polling load: 200 concurrent clients poll GET /v1/batches/{id} and GET
+/v1/pool/status (alternately) while a batch runs on the simulated engine.
+
+The goal (issue 7): 1,000 polls/s with p99 under 100 ms and zero errors on this
+machine. The load comes from `wrk` (Debian: `apt-get install -y wrk`), a C load
+generator, so the clients take as little of the machine's CPU from the server as
+possible; a Lua script alternates the two paths, paces each client and summarises.
+
+Two shapes of load, each bounded in time (--duration) and count (--max-requests):
+- paced: each client waits --pause-ms (150) after each answer before it polls again,
+  so 200 clients offer 200 / (0.15 s + latency): over 1,000 polls/s (the goal) while
+  answers take under 50 ms; p50/p99 are what a polling client sees. The pause follows
+  the answer, so a slow server is offered less (closed loop): a p99 over the goal
+  shows as a rate under it too;
+- max: the clients poll back to back (no pause): the server's capacity.
+
+Each `--web-workers` value gets a fresh server (`manage.py serve --web-workers N`,
+simulated engine, 1,000 slots at 1 s a request: about 1,000 requests/s of batch work
+next to the polls). `--persistent-db` also runs each with persistent database
+connections (CONN_MAX_AGE), through a settings module written to the scratch
+directory: the fix this benchmark points at, measured before it lands.
+
+Only 127.0.0.1 is used. Results: benchmarks/results/load.json.
+
+    .venv/bin/python benchmarks/load.py                      # 2 web workers, paced + max
+    .venv/bin/python benchmarks/load.py --web-workers 1 2 4 --persistent-db
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (  # noqa: E402
+    Api,
+    PySpy,
+    Server,
+    print_table,
+    scratch_dir,
+    server_env,
+    wait_for_quiet,
+    write_results,
+)
+
+from tests.e2e.harness import chat_lines  # noqa: E402
+
+# Each wrk thread alternates the two paths, pauses `pause` ms before each request
+# (per connection), stops after `cap` requests, and the summary is printed as JSON.
+LUA = r"""
+local paths, pause, cap, sent = nil, 0, 0, 0
+local statuses = {}
+function init(args)
+  paths = {args[1], args[2]}
+  pause = tonumber(args[3])
+  cap = tonumber(args[4])
+end
+function request()
+  sent = sent + 1
+  return wrk.format("GET", paths[(sent % 2) + 1])
+end
+function delay()
+  return pause
+end
+function response(status, headers, body)
+  if status ~= 200 then
+    statuses[status] = (statuses[status] or 0) + 1
+  end
+  if sent >= cap then
+    wrk.thread:stop()
+  end
+end
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'RESULT {"requests": %d, "duration_us": %d, "connect": %d, "read": %d, "write": %d, ' ..
+    '"non_2xx": %d, "timeout": %d, "p50_us": %d, "p90_us": %d, "p99_us": %d, ' ..
+    '"p999_us": %d, "max_us": %d, "mean_us": %.1f}\n',
+    summary.requests, summary.duration, e.connect, e.read, e.write, e.status, e.timeout,
+    latency:percentile(50), latency:percentile(90), latency:percentile(99),
+    latency:percentile(99.9), latency.max, latency.mean))
+end
+"""
+
+# Settings for the --persistent-db variant: the real ones, with each gunicorn thread
+# keeping its database connection instead of opening one per request.
+PERSISTENT_DB_SETTINGS = """\
+from batchgen_site.settings import *  # noqa: F403
+
+DATABASES["default"]["CONN_MAX_AGE"] = 600  # noqa: F405
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True  # noqa: F405
+"""
+
+
+def run_wrk(server: Server, batch_id: str, *, clients: int, threads: int, duration: float,
+            pause_ms: int, max_requests: int, script: Path) -> dict:
+    per_thread_cap = max(1, max_requests // threads)
+    argv = ["wrk", "-t", str(threads), "-c", str(clients), "-d", f"{duration:.0f}s",
+            "--timeout", "10s", "-s", str(script), server.base_url, "--",
+            f"/v1/batches/{batch_id}", "/v1/pool/status", str(pause_ms), str(per_thread_cap)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk failed: {done.stdout}\n{done.stderr}")
+    result = json.loads(line.removeprefix("RESULT "))
+    seconds = result["duration_us"] / 1e6
+    errors = {k: result[k] for k in ("connect", "read", "write", "timeout", "non_2xx")}
+    return {
+        "requests": result["requests"],
+        "seconds": round(seconds, 2),
+        "requests_per_s": round(result["requests"] / seconds, 1),
+        "p50_ms": result["p50_us"] / 1000, "p90_ms": result["p90_us"] / 1000,
+        "p99_ms": result["p99_us"] / 1000, "p999_ms": result["p999_us"] / 1000,
+        "max_ms": result["max_us"] / 1000, "mean_ms": round(result["mean_us"] / 1000, 2),
+        "errors": sum(errors.values()), "error_kinds": errors,
+    }
+
+
+def cpu_seconds(processes: list[psutil.Process]) -> float:
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            continue
+    return total
+
+
+def web_processes(server: Server) -> list[psutil.Process]:
+    return server.children("gunicorn: ")
+
+
+def measure(args, work: Path, *, web_workers: int, persistent_db: bool, script: Path) -> list:
+    storage = work / f"storage-w{web_workers}{'-pdb' if persistent_db else ''}"
+    env = server_env(storage=storage, engine="simulated", BATCHGEN_SIM_LATENCY_MS="1000",
+                     BATCHGEN_MAX_POOL_SIZE="1000")
+    if persistent_db:
+        (work / "batchgen_load_settings.py").write_text(PERSISTENT_DB_SETTINGS)
+        env["PYTHONPATH"] = str(work)
+        env["DJANGO_SETTINGS_MODULE"] = "batchgen_load_settings"
+    server = Server(storage=storage, env=env, args=["--web-workers", str(web_workers)])
+    runs = []
+    try:
+        server.start(ready_timeout=180)
+        api = Api(server.base_url)
+        batch = api.create_batch(api.upload(chat_lines(args.batch_requests))["id"]).json()
+        api.wait_status(batch["id"], {"in_progress"}, timeout=120)
+        # Warm up: every gunicorn thread has served a request, imports are done.
+        run_wrk(server, batch["id"], clients=args.clients, threads=args.wrk_threads,
+                duration=3, pause_ms=0, max_requests=10**9, script=script)
+        shapes = [("paced", args.pause_ms)] if "paced" in args.shapes else []
+        shapes += [("max", 0)] if "max" in args.shapes else []
+        for shape, pause_ms in shapes:
+            noise = wait_for_quiet(max_busy=70, timeout=30)
+            before = api.batch(batch["id"])
+            web = web_processes(server)
+            cpu_before, wall_before = cpu_seconds(web), time.monotonic()
+            spy = None
+            if args.profile and shape == "max":
+                spy = PySpy(server.children("gunicorn: worker")[0].pid,
+                            work / f"spy-w{web_workers}-{persistent_db}.raw", rate=200)
+                spy.__enter__()
+            try:
+                result = run_wrk(server, batch["id"], clients=args.clients,
+                                 threads=args.wrk_threads, duration=args.duration,
+                                 pause_ms=pause_ms, max_requests=args.max_requests,
+                                 script=script)
+            finally:
+                if spy is not None:
+                    spy.__exit__(None, None, None)
+            web_cpu = (cpu_seconds(web) - cpu_before) / (time.monotonic() - wall_before)
+            after = api.batch(batch["id"])
+            result.update({
+                "shape": shape, "web_workers": web_workers, "persistent_db": persistent_db,
+                "clients": args.clients, "pause_ms": pause_ms,
+                "web_cpu_cores": round(web_cpu, 2),
+                "batch_status_after": after["status"],
+                "batch_requests_done_during": after["request_counts"]["completed"]
+                - before["request_counts"]["completed"],
+                "noise_before": noise,
+            })
+            if spy is not None:
+                result["profile"] = spy.summary(top=25)
+            runs.append(result)
+            print(f"  {shape:5} workers={web_workers} persistent_db={persistent_db}: "
+                  f"{result['requests_per_s']:,.0f} req/s, p50 {result['p50_ms']:.1f} ms, "
+                  f"p99 {result['p99_ms']:.1f} ms, errors {result['errors']}, "
+                  f"batch {result['batch_requests_done_during']:,} requests done meanwhile",
+                  flush=True)
+    finally:
+        server.stop()
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=200)
+    parser.add_argument("--duration", type=float, default=30, help="seconds per measurement")
+    parser.add_argument("--max-requests", type=int, default=200_000,
+                        help="stop a measurement after this many requests")
+    parser.add_argument("--pause-ms", type=int, default=150,
+                        help="paced shape: each client's pause after an answer")
+    parser.add_argument("--shapes", nargs="+", default=["paced", "max"],
+                        choices=["paced", "max"])
+    parser.add_argument("--web-workers", type=int, nargs="+", default=[2])
+    parser.add_argument("--persistent-db", action="store_true",
+                        help="also run each with persistent database connections")
+    parser.add_argument("--batch-requests", type=int, default=200_000,
+                        help="size of the batch that runs during the load")
+    parser.add_argument("--wrk-threads", type=int, default=1)
+    parser.add_argument("--profile", action="store_true",
+                        help="py-spy the gunicorn worker during the max shape")
+    parser.add_argument("--name", default="load")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed: apt-get install -y wrk")
+
+    runs = []
+    with scratch_dir("load", keep=args.keep) as work:
+        script = work / "poll.lua"
+        script.write_text(LUA)
+        for web_workers in args.web_workers:
+            for persistent_db in ([False, True] if args.persistent_db else [False]):
+                runs += measure(args, work, web_workers=web_workers,
+                                persistent_db=persistent_db, script=script)
+
+    print_table(
+        f"Polling load: {args.clients} clients, GET /v1/batches/{{id}} and /v1/pool/status, "
+        f"{args.duration:.0f} s each, a batch running",
+        ["shape", "web workers", "persistent db", "req/s", "p50 ms", "p90 ms", "p99 ms",
+         "max ms", "errors", "web CPU (cores)", "batch req done"],
+        [[r["shape"], r["web_workers"], "yes" if r["persistent_db"] else "no",
+          r["requests_per_s"], r["p50_ms"], r["p90_ms"], r["p99_ms"], r["max_ms"],
+          r["errors"], r["web_cpu_cores"], r["batch_requests_done_during"]] for r in runs])
+    goal = [r for r in runs if r["shape"] == "paced" and r["requests_per_s"] >= 1000
+            and r["p99_ms"] < 100 and r["errors"] == 0]
+    print("\ngoal (>= 1,000 polls/s, p99 < 100 ms, no errors):",
+          "met by " + ", ".join(f"{r['web_workers']} workers"
+                                f"{' + persistent db' if r['persistent_db'] else ''}"
+                                for r in goal) if goal else "not met")
+    write_results(args.name, {"settings": vars(args), "runs": runs})
+
+
+if __name__ == "__main__":
+    main()
