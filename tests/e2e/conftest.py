@@ -9,12 +9,17 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture
 def start_server(tmp_path):
-    """Start `manage.py serve` with the given environment; stopped after the test."""
+    """Start `manage.py serve` with the given environment; `prepare(storage)` runs
+    first (e.g. to mount a small disk under the storage path). Stopped after the
+    test, with anything it left behind."""
     servers: list[Server] = []
 
     def _start(*, args: list[str] | None = None, ready_timeout: float = 120,
-               **env_options) -> tuple[Server, Api]:
+               prepare=None, **env_options) -> tuple[Server, Api]:
         storage = tmp_path / f"storage{len(servers)}"
+        if prepare is not None:
+            storage.mkdir(parents=True, exist_ok=True)
+            prepare(storage)
         server = Server(storage=storage, env=server_env(storage=storage, **env_options),
                         args=args or [])
         servers.append(server)

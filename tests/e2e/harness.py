@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -94,20 +95,38 @@ class Server:
                 continue
         return found
 
+    def processes(self) -> list[psutil.Process]:
+        """Every process started for this server, wherever it was reparented: each
+        holds the server's log (its inherited stdout) or a file under its storage path
+        open. (Command lines cannot tell: Celery and gunicorn rewrite them.)"""
+        storage, log = str(self.storage) + os.sep, str(self.log_path)
+        found = []
+        for process in psutil.process_iter():
+            if process.pid == os.getpid():
+                continue
+            try:
+                fds = os.listdir(f"/proc/{process.pid}/fd")
+                targets = [os.readlink(f"/proc/{process.pid}/fd/{fd}") for fd in fds]
+            except OSError:
+                continue
+            if any(t == log or t.startswith(storage) for t in targets):
+                found.append(process)
+        return found
+
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGINT)
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
         # Nothing the supervisor started may outlive it.
-        for proc in psutil.process_iter(["cmdline"]):
-            cmdline = " ".join(proc.info["cmdline"] or [])
-            if str(self.storage) in cmdline and proc.pid != os.getpid():
-                proc.kill()
+        leftovers = self.processes()
+        for process in leftovers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        psutil.wait_procs(leftovers, timeout=10)
 
 
 def server_env(*, storage: Path, broker_url: str | None = None, database_url: str | None = None,

@@ -43,36 +43,6 @@ def wait_restarted(server: Server, marker: str, killed: list[psutil.Process], *,
                       timeout=timeout, message=f"the supervisor to restart {marker!r}")
 
 
-def serve_processes(server: Server) -> list[psutil.Process]:
-    """Every process started for this server, wherever it was reparented: each holds
-    the server's log (its inherited stdout) or a file under its storage path open.
-    (Their command lines and environments cannot tell: Celery and gunicorn rewrite
-    that memory with their process titles.)"""
-    marks = (str(server.storage) + os.sep, str(server.log_path))
-    found = []
-    for process in psutil.process_iter():
-        if process.pid == os.getpid():
-            continue
-        try:
-            fds = os.listdir(f"/proc/{process.pid}/fd")
-            targets = [os.readlink(f"/proc/{process.pid}/fd/{fd}") for fd in fds]
-        except OSError:
-            continue
-        if any(t == marks[1] or t.startswith(marks[0]) for t in targets):
-            found.append(process)
-    return found
-
-
-def kill_leftovers(server: Server) -> list[int]:
-    """After `serve` stopped: kill what it left behind (so no test leaks processes)."""
-    leftovers = serve_processes(server)
-    for process in leftovers:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            process.kill()
-    psutil.wait_procs(leftovers, timeout=10)
-    return [p.pid for p in leftovers]
-
-
 # --- the database, read as an operator would ----------------------------------------------
 
 

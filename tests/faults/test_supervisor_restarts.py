@@ -16,7 +16,7 @@ import httpx
 import psutil
 
 from tests.e2e.harness import wait_until
-from tests.faults.faults import serve_processes, sigkill, wait_restarted
+from tests.faults.faults import sigkill, wait_restarted
 
 
 def alive(processes: list[psutil.Process]) -> list[int]:
@@ -38,7 +38,7 @@ def test_killed_control_worker_leaves_no_beat_behind(start_server):
 
     # Then: the old beat is gone too; two beats would send every periodic task twice
     assert alive(beat) == [], "the killed worker's beat still runs"
-    beats = [p for p in serve_processes(server) if "celery beat" in " ".join(p.cmdline())]
+    beats = [p for p in server.processes() if "celery beat" in " ".join(p.cmdline())]
     assert len(beats) == 1
 
 
