@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.db.models import QuerySet, Sum
+from django.db.models import Max, QuerySet, Sum
 
 from batches.intake import intake_reserved
 from batches.models import ACTIVE_STATUSES, Batch
@@ -28,7 +28,8 @@ def pool_status() -> dict:
     intake_pool_size counts requests admitted and not yet inside an engine: the
     reservation (admitted, not finished) less what the live workers run now."""
     slots = live_workers().aggregate(active=Sum("slots_active"), capacity=Sum("slots_capacity"),
-                                     tokens=Sum("tokens_active"), budget=Sum("token_budget"))
+                                     tokens=Sum("tokens_active"), budget=Sum("token_budget"),
+                                     storage_error=Max("storage_error"))
     active = slots["active"] or 0
     capacity = slots["capacity"] or 0
     return {
@@ -42,4 +43,6 @@ def pool_status() -> dict:
         # Length-aware admission (estimated tokens inside engines, and their budget).
         "scheduling_pool_tokens_active": slots["tokens"] or 0,
         "scheduling_pool_token_budget": slots["budget"],
+        # Why results cannot be written now (the storage volume full), or null.
+        "storage_error": slots["storage_error"] or None,
     }

@@ -167,3 +167,6 @@ class PoolStatusSerializer(serializers.Serializer):
     pool_mode = serializers.BooleanField()
     scheduling_pool_tokens_active = serializers.IntegerField()
     scheduling_pool_token_budget = serializers.IntegerField(allow_null=True)
+    storage_error = serializers.CharField(
+        allow_null=True, help_text="Why workers cannot write results now (the storage "
+        "volume full), or null. Their batches wait and resume once there is room.")

@@ -21,7 +21,7 @@ from batches.models import (
     ChunkStatus,
 )
 from batches.validation import validate_file
-from batchgen_site.errors import BatchGenError, CapacityFull, NotFound
+from batchgen_site.errors import BatchGenError, CapacityFull, NotFound, is_storage_full
 from batchgen_site.ids import new_id
 from files import storage
 from files.incremental import repair_tail
@@ -58,6 +58,8 @@ def batch_transition(*, batch_id: str, to: str, **fields: Any) -> bool:
     sources = [s for s, targets in LEGAL_TRANSITIONS.items() if to in targets]
     fields[TIMESTAMP_FIELD[to]] = timezone.now()
     moved = Batch.objects.filter(id=batch_id, status__in=sources).update(status=to, **fields)
+    if moved and "error" not in fields:
+        batch_storage_resumed(batch_id=batch_id)  # a wait's error ends with the wait
     if moved:
         logger.info("batch transition batch_id=%s status=%s%s", batch_id, to,
                     f" error={fields['error']['code']}" if fields.get("error") else "")
@@ -142,14 +144,27 @@ def batch_validate(*, batch_id: str) -> Batch:
     Batch.objects.filter(id=batch_id).update(validation_started_at=timezone.now())
     order_path = (storage.absolute(storage.order_name(batch_id))
                   if settings.BATCHGEN_PREFIX_GROUPING else None)
-    report = validate_file(
-        storage.absolute(batch.input_file.storage_name),
-        endpoint=batch.endpoint,
-        chunk_size=settings.BATCHGEN_CHUNK_SIZE,
-        max_line_bytes=settings.BATCHGEN_MAX_LINE_BYTES,
-        max_requests=settings.BATCHGEN_MAX_REQUESTS_PER_BATCH,
-        order_path=order_path,
-    )
+    try:
+        report = validate_file(
+            storage.absolute(batch.input_file.storage_name),
+            endpoint=batch.endpoint,
+            chunk_size=settings.BATCHGEN_CHUNK_SIZE,
+            max_line_bytes=settings.BATCHGEN_MAX_LINE_BYTES,
+            max_requests=settings.BATCHGEN_MAX_REQUESTS_PER_BATCH,
+            order_path=order_path,
+        )
+    except OSError as exc:
+        if not is_storage_full(exc):
+            raise
+        # Only a prefix-grouped batch writes here (its order file); nothing is queued.
+        logger.error("storage full while validating batch %s: %s", batch_id, exc)
+        if order_path is not None:
+            order_path.unlink(missing_ok=True)
+        batch_transition(batch_id=batch_id, to=S.FAILED, error={
+            "code": STORAGE_FULL,
+            "message": "The server's storage volume is full, so the batch could not be "
+                       "prepared; nothing was queued. Create it again once space is freed."})
+        return batch_get(batch_id=batch_id)
     if report.invalid:
         shown = len(report.errors)
         more = f"; the first {shown} are listed in errors" if shown < report.invalid else ""
@@ -319,3 +334,23 @@ def batches_expire() -> int:
                               "window; the results written so far are kept."):
             expired += 1
     return expired
+
+
+# --- a full storage volume ---------------------------------------------------------------
+
+STORAGE_FULL = "storage_full"
+STORAGE_FULL_MESSAGE = (
+    "The server's storage volume is full, so finished results cannot be written. "
+    "The batch waits and resumes by itself once space is freed; nothing written so "
+    "far is lost.")
+
+
+def batch_storage_full(*, batch_id: str) -> None:
+    """Show on a running batch why it makes no progress (its `error`, until it resumes)."""
+    Batch.objects.filter(id=batch_id, status=S.IN_PROGRESS,
+                         error__isnull=True).update(
+        error={"code": STORAGE_FULL, "message": STORAGE_FULL_MESSAGE})
+
+
+def batch_storage_resumed(*, batch_id: str) -> None:
+    Batch.objects.filter(id=batch_id, error__code=STORAGE_FULL).update(error=None)

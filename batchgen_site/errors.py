@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 
 from django.conf import settings
@@ -57,6 +58,17 @@ class CapacityFull(BatchGenError):
         self.retry_after = retry_after
 
 
+class StorageFull(BatchGenError):
+    status_code = status.HTTP_507_INSUFFICIENT_STORAGE
+    error_type = "server_error"
+    code = "storage_full"
+
+
+def is_storage_full(error: BaseException) -> bool:
+    """Whether an OSError means the volume (or the user's quota) has no room."""
+    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
 def checked_id(value: str, *, kind: str, param: str) -> str:
     """An object id from a URL path, fit to be looked up. No id holds NUL, and
     PostgreSQL refuses a query that does (instead of finding nothing), so such an id
@@ -100,6 +112,10 @@ def _first_error(detail, prefix: str | None = None) -> tuple[str, str | None, st
 
 
 def openai_exception_handler(exc, context) -> Response:
+    if is_storage_full(exc):
+        logger.error("storage full in %s: %s", context.get("view"), exc)
+        exc = StorageFull("The server's storage volume is full, so the request could not "
+                          "be stored; nothing was kept. Retry once space is freed.")
     if isinstance(exc, BatchGenError):
         response = Response(
             envelope(exc.message, error_type=exc.error_type, param=exc.param, code=exc.code),
@@ -166,6 +182,7 @@ _ERROR_DESCRIPTIONS = {
     413: "The upload or request body is over the server's configured limit.",
     415: "Unsupported request content type.",
     429: "The intake pool is full; retry after the `Retry-After` seconds.",
+    507: "The server's storage volume is full; nothing was stored. Retry later.",
 }
 
 

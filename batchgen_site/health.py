@@ -1,5 +1,6 @@
-"""GET /health: healthy only when the database and the broker answer and at least
-one inference worker is alive with its engine ready."""
+"""GET /health: healthy only when the database and the broker answer, at least one
+inference worker is alive with its engine ready, and no worker is held up by a full
+storage volume."""
 
 from __future__ import annotations
 
@@ -29,11 +30,14 @@ def health_problem() -> str | None:
         return f"broker unreachable: {exc}"
     from inference.selectors import live_workers
 
-    workers = list(live_workers().values_list("ready", flat=True))
+    workers = list(live_workers().values_list("ready", "storage_error"))
     if not workers:
         return "no inference worker is alive"
-    if not any(workers):
+    if not any(ready for ready, _ in workers):
         return f"{len(workers)} inference worker(s) alive, none with its engine ready yet"
+    full = [error for _, error in workers if error]
+    if full:
+        return f"storage full: {len(full)} inference worker(s) cannot write results ({full[0]})"
     return None
 
 

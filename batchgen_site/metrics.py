@@ -126,6 +126,10 @@ class BatchGenCollector(Collector):
             "ready": GaugeMetricFamily("batchgen_worker_ready",
                                        "1 once this worker's engine has started",
                                        labels=WORKER_LABELS),
+            "storage_full": GaugeMetricFamily(
+                "batchgen_worker_storage_full",
+                "1 while this worker holds results the full storage volume cannot take",
+                labels=WORKER_LABELS),
         }
         for worker in workers:
             labels = [worker.name, worker.hostname]
@@ -138,6 +142,7 @@ class BatchGenCollector(Collector):
             if worker.token_budget is not None:
                 families["token_budget"].add_metric(labels, worker.token_budget)
             families["ready"].add_metric(labels, int(worker.ready))
+            families["storage_full"].add_metric(labels, int(bool(worker.storage_error)))
         yield from families.values()
 
 

@@ -13,6 +13,7 @@ a torn tail between a crash and the next append, which nothing counts.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from collections.abc import Iterable, Iterator
@@ -65,18 +66,24 @@ def repair_tail(path: Path) -> int:
 
 def append_lines(path: Path, lines: Iterable[bytes]) -> int:
     """Append whole lines (each ending in a newline) with one write under the lock.
-    On a short or failed write (disk full) the file is cut back to where it was, so
-    nothing half-written stays, and the error propagates."""
-    data = b"".join(lines)
+
+    A write that comes back short (a volume with a few bytes left) is continued, so
+    a full disk surfaces as the kernel's own error (ENOSPC, EDQUOT), not as a
+    mystery; on any failure the file is cut back to where it was, so nothing
+    half-written stays, and the error propagates."""
+    data = memoryview(b"".join(lines))
     if not data:
         return 0
     with locked(path) as fd:
         _repair(fd)
         before = os.fstat(fd).st_size
         try:
-            written = os.write(fd, data)
-            if written != len(data):
-                raise OSError(f"short write to {path}: {written} of {len(data)} bytes")
+            done = 0
+            while done < len(data):
+                written = os.write(fd, data[done:])
+                if written == 0:  # not seen on Linux; never loop forever on it
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+                done += written
         except OSError:
             os.ftruncate(fd, before)
             raise

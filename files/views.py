@@ -27,7 +27,8 @@ class FileListCreateView(APIView):
     parser_classes = [MultiPartParser]
 
     @extend_schema(request=FileUploadInputSerializer,
-                   responses={200: FileOutputSerializer, **error_responses(400, 401, 413, 415)},
+                   responses={200: FileOutputSerializer,
+                              **error_responses(400, 401, 413, 415, 507)},
                    operation_id="files_upload")
     def post(self, request):
         try:

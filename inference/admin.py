@@ -29,7 +29,7 @@ class AliveFilter(admin.SimpleListFilter):
 class WorkerAdmin(admin.ModelAdmin):
     list_display = ["name", "hostname", "engine", "model", "alive", "ready", "slots",
                     "tokens", "requests_completed", "requests_failed", "tokens_generated",
-                    "started_at", "heartbeat_at", "stopped_at"]
+                    "storage_error", "started_at", "heartbeat_at", "stopped_at"]
     list_filter = [AliveFilter, "ready", "engine", "hostname"]
     search_fields = ["name", "hostname"]
     ordering = ["-heartbeat_at"]

@@ -24,6 +24,9 @@ class Worker(models.Model):
     started_at = models.DateTimeField(auto_now_add=True)
     heartbeat_at = models.DateTimeField(db_index=True)
     stopped_at = models.DateTimeField(null=True, blank=True)
+    # Why it cannot write results now (the storage volume full), or empty: shown
+    # by /health and /v1/pool/status while its chunks wait for room.
+    storage_error = models.TextField(blank=True, default="")
 
     def __str__(self) -> str:
         return self.name

@@ -31,7 +31,9 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 
 from batches.params import resolve_body
+from batches.services import batch_storage_full, batch_storage_resumed
 from batches.validation import read_chunk
+from batchgen_site.errors import is_storage_full
 from files.incremental import append_lines, scan_results
 from inference import services
 from inference.engines import (
@@ -48,6 +50,10 @@ from inference.slots import SlotPool, estimate_tokens
 logger = logging.getLogger("batchgen.inference")
 
 PROGRESS_INTERVAL = 0.5  # seconds between progress flushes of a running chunk
+# While the storage volume is full, a chunk holds its results and retries the
+# append after these many seconds, doubling up to the cap.
+STORAGE_RETRY_FIRST = 1.0
+STORAGE_RETRY_MAX = 30.0
 DB_THREADS = 2  # all of a worker's ORM work: its database connections, bounded
 _CANCELLED = object()
 
@@ -95,6 +101,10 @@ class InferenceRuntime:
         self._stopping = threading.Event()
         self.completed = self.failed_requests = self.tokens = 0
         self._stats_lock = threading.Lock()
+        # Chunks now holding results the full storage volume cannot take, and why.
+        self.storage_error = ""
+        self._storage_waiting = 0
+        self._storage_lock = threading.Lock()
 
     # --- life cycle -------------------------------------------------------------------
 
@@ -137,6 +147,8 @@ class InferenceRuntime:
         os.kill(os.getpid(), signal.SIGTERM)
 
     def stop(self) -> None:
+        if self._stopping.is_set():
+            return
         self._stopping.set()
         try:
             self.db(services.worker_stopped, name=self.name)
@@ -178,6 +190,7 @@ class InferenceRuntime:
             tokens_active=self.slots.tokens_active, token_budget=self.slots.token_budget,
             ready=self.ready.is_set() and self.failed is None, completed=self.completed,
             failed=self.failed_requests, tokens=self.tokens, chunk_ids=chunk_ids,
+            storage_error=self.storage_error,
         ))
 
     def _heartbeat_forever(self) -> None:
@@ -273,17 +286,14 @@ class InferenceRuntime:
                 continue
             finished = self._drain(results)
             outstanding -= len(finished)
-            lines = []
-            for custom_id, result in finished:
-                if result is _CANCELLED:
-                    continue
-                lines.append(format_line(custom_id, result))
-                if result.error is None:
-                    completed += 1
-                else:
-                    failed += 1
-                self._count(result)
-            append_lines(output, lines)
+            finished = [(custom_id, r) for custom_id, r in finished if r is not _CANCELLED]
+            if self._write(work, output, [format_line(*item) for item in finished]):
+                for _, result in finished:
+                    if result.error is None:
+                        completed += 1
+                    else:
+                        failed += 1
+                    self._count(result)
             if time.monotonic() - last_flush >= PROGRESS_INTERVAL and (completed or failed):
                 if not self.db(services.chunk_progress, chunk_id=work.chunk_id,
                                worker=self.name, completed=completed, failed=failed):
@@ -293,6 +303,75 @@ class InferenceRuntime:
                 completed = failed = 0
                 last_flush = time.monotonic()
         return completed, failed
+
+    # --- writing results ------------------------------------------------------------------
+
+    def _write(self, work: services.ChunkWork, output: Path, lines: list[bytes]) -> bool:
+        """Append finished results. While the storage volume is full, hold them (the
+        heartbeat keeps the chunk's lease) and retry with backoff until there is room,
+        so no inference is lost to a full disk. They are given up only when the batch
+        or this worker stops: then they are not counted, and are not in the file, so
+        whichever attempt runs the chunk next runs them again. Returns whether written."""
+        delay = STORAGE_RETRY_FIRST
+        waiting = written = False
+        try:
+            while True:
+                try:
+                    append_lines(output, lines)
+                    written = True
+                    return True
+                except OSError as exc:
+                    if not is_storage_full(exc):
+                        raise
+                    if not waiting:
+                        waiting = True
+                        self._storage_full(work, output, exc)
+                    else:  # another chunk of the batch may have cleared it meanwhile
+                        self._tell_storage(batch_storage_full, work.batch_id, heartbeat=False)
+                if (self._stopping.wait(delay) or self.failed is not None
+                        or work.batch_id in self.stop_batches):
+                    logger.warning("chunk %s#%s stops with %s result(s) unwritten (storage "
+                                   "full); they run again if the batch goes on",
+                                   work.batch_id, work.index, len(lines))
+                    return False
+                delay = min(delay * 2, STORAGE_RETRY_MAX)
+        finally:
+            if waiting:
+                # The batch's error stays while it still waits (this worker stopping).
+                self._storage_room(work, batch_resumed=written or
+                                   work.batch_id in self.stop_batches)
+
+    def _storage_full(self, work: services.ChunkWork, output: Path, error: OSError) -> None:
+        with self._storage_lock:
+            self._storage_waiting += 1
+            first = not self.storage_error
+            self.storage_error = f"{error.strerror} writing results to {output.parent}"
+        if first:
+            logger.error("storage full: cannot append results to %s (%s); chunks hold "
+                         "their results and retry until space is freed on the volume",
+                         output, error.strerror)
+        self._tell_storage(batch_storage_full, work.batch_id)
+
+    def _storage_room(self, work: services.ChunkWork, *, batch_resumed: bool) -> None:
+        with self._storage_lock:
+            self._storage_waiting -= 1
+            last = self._storage_waiting == 0 and bool(self.storage_error)
+            if last:
+                self.storage_error = ""
+        if last:
+            logger.warning("the storage volume takes results again; chunks resume")
+        if batch_resumed:
+            self._tell_storage(batch_storage_resumed, work.batch_id)
+
+    def _tell_storage(self, change, batch_id: str, *, heartbeat: bool = True) -> None:
+        """Show the state on the batch and, through a heartbeat now, in /health and
+        /v1/pool/status. A failure here must not lose the results being held."""
+        try:
+            self.db(change, batch_id=batch_id)
+            if heartbeat:
+                self._heartbeat_once()
+        except Exception:
+            logger.exception("could not record the storage state of batch %s", batch_id)
 
     @staticmethod
     def _drain(results: queue.SimpleQueue) -> list:

@@ -23,7 +23,7 @@ from batches import intake
 from batches.dispatch import dispatch
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
 from batches.params import BatchParams
-from batches.services import batch_settle
+from batches.services import STORAGE_FULL, batch_settle, batch_storage_resumed
 from files import storage
 from inference.models import Worker
 
@@ -119,6 +119,8 @@ def chunk_close(*, chunk_id: int, worker: str, completed: int, failed: int) -> b
                                                  lease_expires_at=None)
         intake.intake_release(batch_id=chunk.batch_id,
                               requests=chunk.count - chunk.completed - chunk.failed)
+        if (chunk.batch.error or {}).get("code") == STORAGE_FULL:
+            batch_storage_resumed(batch_id=chunk.batch_id)  # its results were written
         batch_settle(batch_id=chunk.batch_id)
         transaction.on_commit(dispatch)  # a worker thread is free: feed the next chunk
     logger.info("chunk closed batch_id=%s chunk=%s status=%s completed=%s failed=%s",
@@ -182,7 +184,7 @@ def chunks_requeue_expired() -> list[tuple[str, int, int]]:
 def worker_heartbeat(*, name: str, hostname: str, engine: str, model: str, capacity: int,
                      active: int, tokens_active: int, token_budget: int | None, ready: bool,
                      completed: int, failed: int, tokens: int,
-                     chunk_ids: list[int]) -> set[str]:
+                     chunk_ids: list[int], storage_error: str = "") -> set[str]:
     """Record a worker's liveness and slots, renew the leases of the chunks it runs,
     and return the ids of their batches that must stop (no longer in progress)."""
     now = timezone.now()
@@ -192,7 +194,8 @@ def worker_heartbeat(*, name: str, hostname: str, engine: str, model: str, capac
                   "slots_capacity": capacity, "slots_active": active, "ready": ready,
                   "tokens_active": tokens_active, "token_budget": token_budget,
                   "requests_completed": completed, "requests_failed": failed,
-                  "tokens_generated": tokens, "heartbeat_at": now, "stopped_at": None},
+                  "tokens_generated": tokens, "storage_error": storage_error,
+                  "heartbeat_at": now, "stopped_at": None},
     )
     if not chunk_ids:
         return set()
@@ -206,7 +209,7 @@ def worker_heartbeat(*, name: str, hostname: str, engine: str, model: str, capac
 
 def worker_stopped(*, name: str) -> None:
     Worker.objects.filter(name=name).update(stopped_at=timezone.now(), slots_active=0,
-                                            ready=False)
+                                            ready=False, storage_error="")
 
 
 def worker_reap_host(*, hostname: str, current: str, pid_alive) -> int:

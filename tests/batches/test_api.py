@@ -396,6 +396,7 @@ def test_pool_status_has_every_field_and_counts_what_is_queued(api, running_batc
                           heartbeat_at=timezone.now())
     Worker.objects.create(name="gone", hostname="h", pid=2, engine="simulated", model="m",
                           slots_capacity=100, slots_active=50, ready=True,
+                          storage_error="No space left on device writing results to /x",
                           heartbeat_at=timezone.now() - timedelta(hours=1))
 
     response = api.get("/v1/pool/status")
@@ -411,6 +412,7 @@ def test_pool_status_has_every_field_and_counts_what_is_queued(api, running_batc
         "pool_mode": True,
         "scheduling_pool_tokens_active": 700,
         "scheduling_pool_token_budget": 4096,
+        "storage_error": None,  # only the stale worker's
     }
 
 
@@ -427,6 +429,7 @@ def test_pool_status_of_an_idle_server(api, settings):
         "pool_mode": True,
         "scheduling_pool_tokens_active": 0,
         "scheduling_pool_token_budget": None,
+        "storage_error": None,
     }
 
 

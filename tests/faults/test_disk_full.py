@@ -1,6 +1,11 @@
-"""The storage volume fills up while workers append results: appends fail with
-ENOSPC, nothing already written is lost or half-written, the batch waits, and it
-completes once there is room again."""
+"""The storage volume fills up under a running server (a small tmpfs; root only, see
+test_disk_full_in_process.py for the same without root).
+
+While results cannot be appended, the chunks hold them under their leases and retry;
+the batch waits with `error.code == "storage_full"`, /health answers 503 and
+/v1/pool/status names the cause; nothing already written is lost or half-written.
+Once the volume has room the batch completes, every custom_id once. An upload that
+does not fit is refused with 507 and leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -32,7 +37,8 @@ def small_disk():
         disk.unmount()
 
 
-def test_disk_full_while_appending_loses_nothing_and_resumes(small_disk, start_server):
+def test_disk_full_while_appending_waits_with_a_clear_error_and_resumes(
+        small_disk, start_server):
     # Given: the incremental files live on a 256 KiB volume (a tmpfs), and a batch
     # whose results need about 2 MiB
     disks: list[SmallDisk] = []
@@ -47,37 +53,62 @@ def test_disk_full_while_appending_loses_nothing_and_resumes(small_disk, start_s
     # When: the volume fills up
     batch = api.create_batch(input_file["id"]).json()
     output = server.storage / "incremental" / f"{batch['id']}.jsonl"
-    # A full tmpfs takes what fits and returns a short write, or fails with ENOSPC
-    # once not a byte fits; append_lines cuts the file back and raises on either.
-    def append_failed() -> bool:
-        log = server.log(tail=1_000_000)
-        return "No space left on device" in log or f"short write to {output}" in log
 
-    wait_until(append_failed, timeout=120, message="an append to fail on the full disk")
-
-    # Then: the batch waits; the file holds whole, distinct results only, and
-    # request_counts never count more than the file holds
+    # Then: the batch waits and says why, and so do /health and /v1/pool/status
+    waiting = wait_until(
+        lambda: (b := api.batch(batch["id"]))["error"] and b, timeout=120,
+        message="the batch to show the full storage")
+    assert waiting["status"] == "in_progress", waiting
+    assert waiting["error"]["code"] == "storage_full"
+    health = api.http.get("/health")
+    assert health.status_code == 503
+    assert health.json()["reason"].startswith("storage full:")
+    assert "No space left on device" in api.pool()["storage_error"]
+    assert "storage full: cannot append results" in server.log(tail=1_000_000)
+    # ...and the file holds whole, distinct results only; request_counts never count
+    # more than it holds
     written = output.read_bytes()
     assert written.endswith(b"\n")
     ids = output_ids(written)
     for raw in written.splitlines():
         json.loads(raw)
     assert not [cid for cid, n in collections.Counter(ids).items() if n > 1]
-    waiting = api.batch(batch["id"])
-    assert waiting["status"] == "in_progress", waiting
-    assert waiting["request_counts"]["completed"] <= len(ids)
-
-    # ...and it keeps waiting through the chunks' lease expiry and requeue (each
-    # retry fails again) without losing what is on disk
-    wait_until(lambda: "requeued" in server.log(tail=1_000_000), timeout=60,
-               message="a chunk requeued after its lease ran out")
-    assert output.read_bytes().startswith(written)
-    assert api.batch(batch["id"])["status"] == "in_progress"
+    assert api.batch(batch["id"])["request_counts"]["completed"] <= len(ids)
 
     # When: the volume grows (an operator makes room)
     disk.resize(64 * 1024 * KIB)
 
-    # Then: the batch completes; what was written before is still there, unchanged
+    # Then: the batch completes without the error; what was written before is still
+    # there, unchanged, and every custom_id is in the output once
     done = api.wait_status(batch["id"], {"completed", "failed", "cancelled"}, timeout=120)
+    assert (done["status"], done["error"]) == ("completed", None)
     assert_each_custom_id_once(api, done, request_ids(count))
     assert api.content(done["output_file_id"]).startswith(written)
+    wait_until(lambda: api.pool()["storage_error"] is None, timeout=30,
+               message="the pool status to clear the storage error")
+    assert api.http.get("/health").status_code == 200
+
+
+def test_upload_that_does_not_fit_is_refused_with_507_and_leaves_nothing(
+        small_disk, start_server):
+    # Given: uploads land on a 256 KiB volume
+    disks: list[SmallDisk] = []
+    server, api = start_server(
+        prepare=lambda storage: disks.append(small_disk(storage / "uploads", 256 * KIB)))
+    content = chat_lines(2_000)  # about 500 KiB
+    assert len(content) > 256 * KIB
+
+    # When: a file larger than the room left is uploaded
+    response = api.http.post("/v1/files", files={"file": ("big.jsonl", content)},
+                             data={"purpose": "batch"})
+
+    # Then: 507 in the error envelope; no partial file stays, no file is listed
+    assert response.status_code == 507, response.text
+    assert response.json()["error"]["code"] == "storage_full"
+    assert list((server.storage / "uploads").iterdir()) == []
+    assert api.http.get("/v1/files").json()["data"] == []
+
+    # When: there is room, the same upload succeeds, byte for byte
+    disks[0].resize(64 * 1024 * KIB)
+    stored = api.upload(content)
+    assert api.content(stored["id"]) == content

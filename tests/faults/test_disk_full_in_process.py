@@ -1,23 +1,26 @@
-"""The disk filling up under the real inference runtime, in process, for machines
-where a small volume cannot be mounted (test_disk_full.py needs root): os.write on
-the incremental file fails with ENOSPC, as it does on a full volume.
+"""The storage volume full under the real inference runtime, in process, for
+machines where a small volume cannot be mounted (test_disk_full.py needs root):
+os.write on the incremental file fails with ENOSPC, as it does on a full volume.
 
-What the worker does today: the chunk's thread raises (the task fails), the lines
-already written stay and nothing half-written does (append_lines cuts the file back),
-the chunk stays `running` until its lease runs out, recovery requeues it, and a
-retry once there is room again finishes it without writing anything twice."""
+What the worker does: the chunk holds its finished results (the heartbeat keeps its
+lease) and retries the append with backoff; the batch shows `error.code ==
+"storage_full"`, and /health and /v1/pool/status say why. Once there is room the
+results are written and the batch goes on: no inference is lost or run twice. A
+batch cancelled, or a worker stopped, while it waits gives the held results up
+uncounted, so the file and `request_counts` still agree."""
 
 from __future__ import annotations
 
 import errno
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from django.utils import timezone
 
-from batches import recovery, services
+from batches import services
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
 from files import incremental, storage
+from inference import runtime as runtime_module
 from inference.engines.base import EngineConfig
 from inference.runtime import InferenceRuntime
 from tests.conftest import chat_line, jsonl
@@ -27,14 +30,28 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def runtime(published):
-    runtime = InferenceRuntime(
-        config=EngineConfig(engine="simulated", model="/nonexistent",
-                            served_model_name="sim"), capacity=64, name="disk-full-worker")
-    runtime.start()
-    assert runtime.ready.wait(30)
-    yield runtime
-    runtime.stop()
+def make_runtime(published, monkeypatch):
+    monkeypatch.setattr(runtime_module, "STORAGE_RETRY_FIRST", 0.05)
+    monkeypatch.setattr(runtime_module, "STORAGE_RETRY_MAX", 0.2)
+    started: list[InferenceRuntime] = []
+
+    def make(name: str) -> InferenceRuntime:
+        runtime = InferenceRuntime(
+            config=EngineConfig(engine="simulated", model="/nonexistent",
+                                served_model_name="sim"), capacity=64, name=name)
+        runtime.start()
+        assert runtime.ready.wait(30)
+        started.append(runtime)
+        return runtime
+
+    yield make
+    for runtime in started:
+        runtime.stop()
+
+
+@pytest.fixture
+def runtime(make_runtime):
+    return make_runtime("disk-full-worker")
 
 
 @pytest.fixture
@@ -52,14 +69,17 @@ def full_disk(monkeypatch):
     return state
 
 
-def expire_leases(batch: Batch) -> None:
-    Chunk.objects.filter(batch=batch, status=ChunkStatus.RUNNING).update(
-        lease_expires_at=timezone.now() - timezone.timedelta(seconds=1))
+@pytest.fixture
+def in_thread():
+    executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="chunk")
+    yield executor.submit
+    executor.shutdown(wait=True)
 
 
-def test_full_disk_fails_the_attempt_keeps_what_was_written_and_retries(
-        runtime, full_disk, upload, settings):
-    # Given: a batch of two chunks; the first ran before the disk filled up
+@pytest.fixture
+def half_run_batch(runtime, upload, settings):
+    """A batch of two chunks of 10 whose first chunk ran: (batch, second chunk, the
+    incremental file's bytes, its path)."""
     settings.BATCHGEN_CHUNK_SIZE = 10
     file = upload(jsonl([chat_line(f"req-{i}", f"question {i}") for i in range(20)]))
     batch = services.batch_create(input_file_id=file["id"], endpoint="/v1/chat/completions",
@@ -68,44 +88,183 @@ def test_full_disk_fails_the_attempt_keeps_what_was_written_and_retries(
     first, second = Chunk.objects.filter(batch=batch).order_by("index")
     runtime.run_chunk(first.id)
     output = storage.absolute(storage.incremental_name(batch.id))
-    written = output.read_bytes()
+    return batch, second, output.read_bytes(), output
+
+
+def storage_error_of(batch: Batch) -> str | None:
+    batch.refresh_from_db()
+    return (batch.error or {}).get("code")
+
+
+def test_full_disk_holds_the_results_shows_why_and_resumes_when_there_is_room(
+        runtime, full_disk, half_run_batch, in_thread, api):
+    batch, second, written, output = half_run_batch
 
     # When: the disk is full while the second chunk runs
     full_disk["full"] = True
-    with pytest.raises(OSError) as raised:
-        runtime.run_chunk(second.id)
+    running = in_thread(runtime.run_chunk, second.id)
 
-    # Then: the attempt fails with ENOSPC; the file is as it was; the chunk stays
-    # running (its lease will run out); the batch waits; no slot is held
-    assert raised.value.errno == errno.ENOSPC
-    assert output.read_bytes() == written
+    # Then: the batch waits and says why; so do /health and /v1/pool/status
+    wait_until(lambda: storage_error_of(batch) == "storage_full", timeout=30,
+               message="the batch to show the full storage")
+    shown = api.get(f"/v1/batches/{batch.id}").json()
+    assert shown["status"] == "in_progress"
+    assert shown["error"]["code"] == "storage_full"
+    assert "space is freed" in shown["error"]["message"]
+    wait_until(lambda: api.get("/v1/pool/status").json()["storage_error"], timeout=10,
+               message="the pool status to show the full storage")
+    assert "No space left on device" in api.get("/v1/pool/status").json()["storage_error"]
+    health = api.get("/health")
+    assert health.status_code == 503
+    assert health.json()["reason"].startswith("storage full: 1 inference worker(s)")
+    # ...while the chunk holds its results under its lease; the file is untouched
+    assert not running.done()
     second.refresh_from_db()
     assert (second.status, second.attempts, second.completed) == (ChunkStatus.RUNNING, 1, 0)
-    batch.refresh_from_db()
-    assert (batch.status, batch.completed) == (BatchStatus.IN_PROGRESS, 10)
-    # (the requests in flight are cancelled on the engine loop, which frees their slots)
-    wait_until(lambda: runtime.slots.active == 0, timeout=10, message="every slot freed")
-
-    # When: its lease runs out, recovery requeues it, and the retry fails again
-    expire_leases(batch)
-    assert recovery.recover().chunks_requeued == 1
-    with pytest.raises(OSError):
-        runtime.run_chunk(second.id)
     assert output.read_bytes() == written
 
-    # When: there is room again and the chunk is retried
+    # When: there is room again
     full_disk["full"] = False
-    expire_leases(batch)
-    assert recovery.recover().chunks_requeued == 1
-    runtime.run_chunk(second.id)
-    services.batch_finalize(batch_id=batch.id)
 
-    # Then: every custom_id once, the earlier lines untouched, the counts right
+    # Then: the held results are written by the same attempt; nothing ran twice
+    assert running.result(timeout=30).endswith("10 completed, 0 failed")
+    second.refresh_from_db()
+    assert (second.status, second.attempts) == (ChunkStatus.DONE, 1)
+    assert runtime.completed == 20
+    assert storage_error_of(batch) is None
+    assert api.get("/v1/pool/status").json()["storage_error"] is None
+    assert api.get("/health").status_code == 200
+    services.batch_finalize(batch_id=batch.id)
     batch.refresh_from_db()
-    assert batch.status == BatchStatus.COMPLETED
+    assert (batch.status, batch.error) == (BatchStatus.COMPLETED, None)
     assert (batch.total, batch.completed, batch.failed) == (20, 20, 0)
     content = output.read_bytes()
     assert content.startswith(written)
     assert sorted(output_ids(content)) == sorted(f"req-{i}" for i in range(20))
+
+
+def test_batch_cancelled_while_the_disk_is_full_keeps_what_was_written(
+        runtime, full_disk, half_run_batch, in_thread):
+    batch, second, written, output = half_run_batch
+    full_disk["full"] = True
+    running = in_thread(runtime.run_chunk, second.id)
+    wait_until(lambda: storage_error_of(batch) == "storage_full", timeout=30,
+               message="the batch to show the full storage")
+
+    # When: the user cancels it
+    services.batch_cancel(batch_id=batch.id)
+
+    # Then: the chunk gives up its held results (uncounted) and closes; the batch is
+    # cancelled with the first chunk's output, and counts that match the file
+    assert running.result(timeout=30).endswith("0 completed, 0 failed")
+    services.batch_finalize(batch_id=batch.id)
+    batch.refresh_from_db()
+    assert (batch.status, batch.error) == (BatchStatus.CANCELLED, None)
+    assert output.read_bytes() == written
+    assert (batch.completed, batch.failed) == (len(output_ids(written)), 0) == (10, 0)
+
+
+def test_worker_stopped_while_the_disk_is_full_hands_the_chunk_back(
+        runtime, make_runtime, full_disk, half_run_batch, in_thread):
+    batch, second, written, output = half_run_batch
+    full_disk["full"] = True
+    running = in_thread(runtime.run_chunk, second.id)
+    wait_until(lambda: storage_error_of(batch) == "storage_full", timeout=30,
+               message="the batch to show the full storage")
+
+    # When: the worker is stopped (a deploy, a scale-down)
+    runtime.stop()
+
+    # Then: the chunk goes back to the queue at once with nothing counted; the batch
+    # still shows why it waits
+    assert running.result(timeout=30).endswith("released, worker stopping")
     second.refresh_from_db()
-    assert (second.status, second.attempts) == (ChunkStatus.DONE, 3)
+    assert (second.status, second.completed, second.worker) == (ChunkStatus.QUEUED, 0, "")
+    assert storage_error_of(batch) == "storage_full"
+    assert output.read_bytes() == written
+
+    # When: there is room and another worker takes the chunk
+    full_disk["full"] = False
+    other = make_runtime("second-worker")
+    assert other.run_chunk(second.id).endswith("10 completed, 0 failed")
+
+    # Then: the batch completes, every custom_id once, the error gone
+    services.batch_finalize(batch_id=batch.id)
+    batch.refresh_from_db()
+    assert (batch.status, batch.error) == (BatchStatus.COMPLETED, None)
+    assert (batch.total, batch.completed, batch.failed) == (20, 20, 0)
+    content = output.read_bytes()
+    assert content.startswith(written)
+    assert sorted(output_ids(content)) == sorted(f"req-{i}" for i in range(20))
+
+
+# --- the other writes: uploads and the order file of validation ---------------------------
+
+
+class FillingFile:
+    """A file object on a volume with `room` bytes left: writes past it fail."""
+
+    def __init__(self, raw, room: int):
+        self.raw, self.room = raw, room
+
+    def write(self, data) -> int:
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(data)
+        return self.raw.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.raw, name)
+
+
+def test_upload_to_a_full_disk_is_refused_with_507_and_leaves_nothing(
+        api, monkeypatch, settings):
+    from files.upload import StreamingUploadHandler
+
+    real_new_file = StreamingUploadHandler.new_file
+
+    def new_file(handler, *args, **kwargs):
+        real_new_file(handler, *args, **kwargs)
+        handler.file = FillingFile(handler.file, room=1024 * 1024)
+
+    monkeypatch.setattr(StreamingUploadHandler, "new_file", new_file)
+    content = jsonl([chat_line(f"req-{i}", "x" * 1000) for i in range(3000)])  # ~3.3 MB
+
+    response = api.post("/v1/files", {"purpose": "batch", "file": _named(content)},
+                        format="multipart")
+
+    assert response.status_code == 507, response.content
+    error = response.json()["error"]
+    assert (error["type"], error["code"]) == ("server_error", "storage_full")
+    assert "storage volume is full" in error["message"]
+    assert not list(settings.UPLOADS_DIR.iterdir())  # the partial upload is gone
+    assert api.get("/v1/files").json()["data"] == []
+
+
+def test_batch_whose_order_file_does_not_fit_fails_with_storage_full(
+        upload, published, monkeypatch, settings):
+    from batches.chunking import PrefixGroupingChunker
+
+    settings.BATCHGEN_PREFIX_GROUPING = True
+
+    def no_room(chunker):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(PrefixGroupingChunker, "_flush", no_room)
+    file = upload(jsonl([chat_line(f"req-{i}") for i in range(5)]))
+    batch = services.batch_create(input_file_id=file["id"], endpoint="/v1/chat/completions",
+                                  model="sim")
+
+    batch = services.batch_validate(batch_id=batch.id)
+
+    assert batch.status == BatchStatus.FAILED
+    assert batch.error["code"] == "storage_full"
+    assert "nothing was queued" in batch.error["message"]
+    assert not Chunk.objects.filter(batch=batch).exists()
+    assert not storage.absolute(storage.order_name(batch.id)).exists()
+
+
+def _named(content: bytes):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    return SimpleUploadedFile("input.jsonl", content, content_type="application/jsonl")

@@ -100,42 +100,65 @@ def test_repair_of_a_missing_file_creates_nothing(path):
 
 
 @pytest.fixture
-def write_half_then(monkeypatch, path):
-    """os.write on the incremental file writes half the bytes, then fails or
-    returns short, as a full disk does. Other descriptors are left alone."""
+def filling_disk(monkeypatch, path):
+    """os.write on the incremental file as on a volume filling up: the first write
+    takes half the bytes, then returns short (`short`) or fails with ENOSPC; every
+    later write fails with ENOSPC, unless there is `room` again. Other descriptors
+    are left alone."""
     real_write = os.write
 
-    def install(*, raise_error: bool):
-        def half_write(fd, data):
+    def install(*, short: bool, room: bool = False):
+        calls = []
+
+        def write(fd, data):
             if os.path.realpath(f"/proc/self/fd/{fd}") != str(path.resolve()):
                 return real_write(fd, data)
-            written = real_write(fd, bytes(data[: len(data) // 2]))
-            if raise_error:
-                raise OSError(errno.ENOSPC, "No space left on device")
-            return written
+            calls.append(len(data))
+            if len(calls) == 1:
+                written = real_write(fd, bytes(data[: len(data) // 2]))
+                if short:
+                    return written
+            elif room:
+                return real_write(fd, data)
+            raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(incremental.os, "write", half_write)
+        monkeypatch.setattr(incremental.os, "write", write)
+        return calls
 
     return install
 
 
-@pytest.mark.parametrize("raise_error", [True, False], ids=["enospc", "short-write"])
-def test_failed_or_short_write_leaves_the_file_as_it_was(path, write_half_then, raise_error):
+@pytest.mark.parametrize("short", [False, True], ids=["enospc", "short-write-then-enospc"])
+def test_full_disk_raises_enospc_and_leaves_the_file_as_it_was(path, filling_disk, short):
     append_lines(path, [result_line("a")])
     before = path.read_bytes()
-    write_half_then(raise_error=raise_error)
+    filling_disk(short=short)
 
-    with pytest.raises(OSError):
+    # A short write is continued, so the kernel's own error is what surfaces
+    with pytest.raises(OSError) as raised:
         append_lines(path, [result_line("b"), result_line("c")])
 
+    assert raised.value.errno == errno.ENOSPC
     assert path.read_bytes() == before
 
 
+def test_short_write_is_continued_to_the_whole_lines(path, filling_disk):
+    append_lines(path, [result_line("a")])
+    before = path.read_bytes()
+    calls = filling_disk(short=True, room=True)
+
+    append_lines(path, [result_line("b"), result_line("c")])
+
+    new = result_line("b") + result_line("c")
+    assert path.read_bytes() == before + new
+    assert calls == [len(new), len(new) - len(new) // 2]
+
+
 def test_failed_write_after_a_torn_tail_keeps_the_repair_and_nothing_else(
-        path, write_half_then):
+        path, filling_disk):
     path.parent.mkdir(parents=True)
     path.write_bytes(result_line("a") + b'{"custom_id": "to')
-    write_half_then(raise_error=True)
+    filling_disk(short=False)
 
     with pytest.raises(OSError):
         append_lines(path, [result_line("b")])

@@ -29,6 +29,8 @@ def test_metrics_show_pool_figures_batches_requests_and_workers(client, make_bat
     worker_row("host-a:1:1", slots_active=5, slots_capacity=64, requests_completed=40,
                requests_failed=2, tokens_generated=1234, tokens_active=700, token_budget=9000)
     worker_row("host-b:2:1", hostname="host-b", age=3600, tokens_generated=100)  # dead
+    worker_row("host-c:3:1", hostname="host-c", slots_capacity=0,
+               storage_error="No space left on device writing results to /s/incremental")
     batch = make_batch(5)
     make_batch(3, validate=False)
     run_chunk(chunks_of(batch)[0])
@@ -50,8 +52,11 @@ def test_metrics_show_pool_figures_batches_requests_and_workers(client, make_bat
     assert metrics[("batchgen_requests_admitted_total", ())] == 5
     assert sum(v for (name, _), v in metrics.items() if name == "batchgen_chunks_open") == 2
     assert metrics[("batchgen_tokens_generated_total", ())] == 1334  # dead workers count too
-    assert metrics[("batchgen_workers_live", ())] == 1
+    assert metrics[("batchgen_workers_live", ())] == 2
     live = (("hostname", "host-a"), ("worker", "host-a:1:1"))
+    full = (("hostname", "host-c"), ("worker", "host-c:3:1"))
+    assert metrics[("batchgen_worker_storage_full", live)] == 0
+    assert metrics[("batchgen_worker_storage_full", full)] == 1
     assert metrics[("batchgen_worker_requests_completed_total", live)] == 40
     assert metrics[("batchgen_worker_requests_failed_total", live)] == 2
     assert metrics[("batchgen_worker_tokens_generated_total", live)] == 1234
