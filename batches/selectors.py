@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.cache import caches
 from django.db.models import Max, QuerySet, Sum
 
 from batches.intake import intake_reserved
@@ -20,6 +21,17 @@ def batch_list(*, after: str | None, owner=None) -> QuerySet[Batch]:
 def file_in_active_use(*, file_id: str) -> bool:
     return Batch.objects.filter(status__in=ACTIVE_STATUSES, input_file_id=file_id).exists() or \
         Batch.objects.filter(status__in=ACTIVE_STATUSES, output_file_id=file_id).exists()
+
+
+POOL_STATUS_CACHE_KEY = "batchgen:pool_status"
+
+
+def pool_status_cached() -> dict:
+    """pool_status(), from the process's cache (BATCHGEN_POOL_STATUS_CACHE_SECONDS)."""
+    ttl = settings.BATCHGEN_POOL_STATUS_CACHE_SECONDS
+    if ttl <= 0:
+        return pool_status()
+    return caches["default"].get_or_set(POOL_STATUS_CACHE_KEY, pool_status, timeout=ttl)
 
 
 def pool_status() -> dict:

@@ -19,6 +19,7 @@ from batchgen_site.auth import request_owner
 from batchgen_site.errors import BatchGenError, checked_id, error_responses
 from batchgen_site.pagination import list_page
 from batchgen_site.parsers import JSONParser
+from batchgen_site.representation import represent
 from files import storage
 from files.incremental import read_range, whole_lines_end
 from files.views import IgnoreClientContentNegotiation
@@ -41,7 +42,7 @@ class BatchListCreateView(APIView):
         params.is_valid(raise_exception=True)
         batch = services.batch_create(model=served_model().id, owner=request_owner(request),
                                       **params.validated_data)
-        return Response(BatchOutputSerializer(batch).data)
+        return Response(represent(BatchOutputSerializer, batch))
 
     @extend_schema(parameters=[BatchListInputSerializer],
                    responses={200: BatchListSerializer, **error_responses(400, 401)},
@@ -60,7 +61,7 @@ class BatchDetailView(APIView):
                    operation_id="batches_retrieve")
     def get(self, request, batch_id: str):
         batch = services.batch_get(batch_id=_batch_id(batch_id), owner=request_owner(request))
-        return Response(BatchOutputSerializer(batch).data)
+        return Response(represent(BatchOutputSerializer, batch))
 
 
 class BatchCancelView(APIView):
@@ -69,7 +70,7 @@ class BatchCancelView(APIView):
                    operation_id="batches_cancel")
     def post(self, request, batch_id: str):
         services.batch_get(batch_id=_batch_id(batch_id), owner=request_owner(request))
-        return Response(BatchOutputSerializer(services.batch_cancel(batch_id=batch_id)).data)
+        return Response(represent(BatchOutputSerializer, services.batch_cancel(batch_id=batch_id)))
 
 
 class BatchOutputView(APIView):
@@ -103,4 +104,4 @@ class PoolStatusView(APIView):
     @extend_schema(responses={200: PoolStatusSerializer, **error_responses(401)},
                    operation_id="pool_status")
     def get(self, request):
-        return Response(PoolStatusSerializer(selectors.pool_status()).data)
+        return Response(represent(PoolStatusSerializer, selectors.pool_status_cached()))

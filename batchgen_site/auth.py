@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import time
 from datetime import timedelta
 
 from django.conf import settings
@@ -24,10 +25,21 @@ def hash_key(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
+# Whether any key exists, as this process last saw it: (monotonic time, answer).
+# A key is never deleted by the API (revoked keys stay), so once seen the answer
+# stays yes; until then it is asked again at most every KEYS_RECHECK_SECONDS, so a
+# key made by `manage.py createapikey` closes a running server within that time,
+# and a poll costs no query for it (an open server, one a second per process).
+KEYS_RECHECK_SECONDS = 1.0
+_keys_seen: tuple[float, bool] = (float("-inf"), False)
+
+
 def apikey_create(*, name: str) -> tuple[ApiKey, str]:
     """Create a key; the raw key is returned once and never stored."""
+    global _keys_seen
     raw = KEY_PREFIX + secrets.token_urlsafe(32)
     key = ApiKey.objects.create(name=name, prefix=raw[:10], hashed_key=hash_key(raw))
+    _keys_seen = (time.monotonic(), True)  # this process closes at once
     return key, raw
 
 
@@ -39,7 +51,21 @@ def apikey_revoke(*, prefix: str) -> int:
 def auth_required() -> bool:
     """Keys are required once any key was ever created (revoking them all must not
     reopen the server) or when BATCHGEN_REQUIRE_AUTH is set."""
-    return settings.BATCHGEN_REQUIRE_AUTH or ApiKey.objects.exists()
+    global _keys_seen
+    if settings.BATCHGEN_REQUIRE_AUTH:
+        return True
+    checked_at, exists = _keys_seen
+    now = time.monotonic()
+    if not exists and now - checked_at >= KEYS_RECHECK_SECONDS:
+        exists = ApiKey.objects.exists()
+        _keys_seen = (now, exists)
+    return exists
+
+
+def forget_keys_seen() -> None:
+    """Ask the database again on the next request (a test rolled its keys back)."""
+    global _keys_seen
+    _keys_seen = (float("-inf"), False)
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):

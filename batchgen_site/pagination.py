@@ -5,6 +5,8 @@ from __future__ import annotations
 from django.db.models import QuerySet
 from rest_framework import serializers
 
+from batchgen_site.representation import represent_many
+
 
 def list_page(queryset: QuerySet, *, limit: int, serializer_class) -> dict:
     rows = list(queryset[: limit + 1])
@@ -12,7 +14,7 @@ def list_page(queryset: QuerySet, *, limit: int, serializer_class) -> dict:
     rows = rows[:limit]
     return {
         "object": "list",
-        "data": serializer_class(rows, many=True).data,
+        "data": represent_many(serializer_class, rows),
         "has_more": has_more,
         "first_id": rows[0].pk if rows else None,
         "last_id": rows[-1].pk if rows else None,

@@ -73,6 +73,11 @@ BATCHGEN_VALIDATION_TIMEOUT_SECONDS = env.int("BATCHGEN_VALIDATION_TIMEOUT_SECON
 # A worker is alive while its heartbeat is younger than this.
 BATCHGEN_WORKER_TTL_SECONDS = env.int("BATCHGEN_WORKER_TTL_SECONDS", default=30)
 BATCHGEN_HEARTBEAT_SECONDS = env.float("BATCHGEN_HEARTBEAT_SECONDS", default=2.0)
+# /v1/pool/status is served from a per-process cache this young at most: its slot
+# figures change only with the workers' heartbeats anyway, and hundreds of pollers
+# then cost a few aggregate queries a second instead of four each. 0: no cache.
+BATCHGEN_POOL_STATUS_CACHE_SECONDS = env.float("BATCHGEN_POOL_STATUS_CACHE_SECONDS",
+                                               default=1.0)
 # Seconds a client is told to wait when the intake pool is full.
 BATCHGEN_RETRY_AFTER_SECONDS = env.int("BATCHGEN_RETRY_AFTER_SECONDS", default=30)
 BATCHGEN_COMPLETION_WINDOW_HOURS = 24

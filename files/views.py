@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 from batchgen_site.auth import request_owner
 from batchgen_site.errors import NotFound, checked_id, error_responses
 from batchgen_site.pagination import list_page
+from batchgen_site.representation import represent
 from files import selectors, services, storage
 from files.serializers import (
     FileDeletedSerializer,
@@ -49,7 +50,7 @@ class FileListCreateView(APIView):
         finally:
             for handler in _streaming_handlers(request):
                 handler.discard()
-        return Response(FileOutputSerializer(file).data)
+        return Response(represent(FileOutputSerializer, file))
 
     @extend_schema(parameters=[FileListInputSerializer],
                    responses={200: FileListSerializer, **error_responses(400, 401)},
@@ -77,7 +78,7 @@ class FileDetailView(APIView):
                    operation_id="files_retrieve")
     def get(self, request, file_id: str):
         file = selectors.file_get(file_id=_file_id(file_id), owner=request_owner(request))
-        return Response(FileOutputSerializer(file).data)
+        return Response(represent(FileOutputSerializer, file))
 
     @extend_schema(responses={200: FileDeletedSerializer, **error_responses(400, 401, 404)},
                    operation_id="files_delete")

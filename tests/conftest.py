@@ -21,6 +21,21 @@ def storage(settings, tmp_path) -> Path:
     return root
 
 
+@pytest.fixture(autouse=True)
+def fresh_process_state():
+    """What a server process remembers between requests starts empty in each test:
+    its cache (pool status) and whether it has seen an API key (a test's rollback
+    takes its keys away)."""
+    from django.core.cache import caches
+
+    from batchgen_site.auth import forget_keys_seen
+
+    caches["default"].clear()
+    forget_keys_seen()
+    yield
+    forget_keys_seen()
+
+
 @pytest.fixture
 def api() -> APIClient:
     return APIClient()

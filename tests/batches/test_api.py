@@ -416,6 +416,19 @@ def test_pool_status_has_every_field_and_counts_what_is_queued(api, running_batc
     }
 
 
+def test_pool_status_is_served_from_a_cache_of_about_a_second(api, settings):
+    settings.BATCHGEN_POOL_STATUS_CACHE_SECONDS = 1.0
+    first = api.get("/v1/pool/status").json()
+    Worker.objects.create(name="w1", hostname="h", pid=1, engine="simulated", model="m",
+                          slots_capacity=16, ready=True, heartbeat_at=timezone.now())
+
+    # Within the cache's life the figures stay as they were...
+    assert api.get("/v1/pool/status").json() == first
+    # ...and without a cache they are fresh
+    settings.BATCHGEN_POOL_STATUS_CACHE_SECONDS = 0
+    assert api.get("/v1/pool/status").json()["scheduling_pool_capacity"] == 16
+
+
 def test_pool_status_of_an_idle_server(api, settings):
     body = api.get("/v1/pool/status").json()
 

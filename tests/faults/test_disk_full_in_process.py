@@ -132,7 +132,8 @@ def test_full_disk_holds_the_results_shows_why_and_resumes_when_there_is_room(
     assert (second.status, second.attempts) == (ChunkStatus.DONE, 1)
     assert runtime.completed == 20
     assert storage_error_of(batch) is None
-    assert api.get("/v1/pool/status").json()["storage_error"] is None
+    wait_until(lambda: api.get("/v1/pool/status").json()["storage_error"] is None,
+               timeout=10, message="the pool status (cached for a second) to clear")
     assert api.get("/health").status_code == 200
     services.batch_finalize(batch_id=batch.id)
     batch.refresh_from_db()

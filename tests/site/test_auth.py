@@ -55,6 +55,38 @@ def test_a_wrong_or_revoked_key_is_refused(published):
     assert client_with(raw).get("/v1/files").status_code == 401
 
 
+def test_a_key_made_by_another_process_closes_the_server_within_a_second(
+        published, monkeypatch):
+    from batchgen_site import auth
+
+    clock = [1000.0]
+    monkeypatch.setattr(auth.time, "monotonic", lambda: clock[0])
+    assert client_with(None).get("/v1/files").status_code == 200
+
+    # When: a key appears in the database behind this process's back (createapikey)
+    ApiKey.objects.create(name="ops", prefix="bg-0123456", hashed_key=hash_key("bg-x"))
+
+    # Then: the answer seen a moment ago holds until the recheck interval passes
+    clock[0] += auth.KEYS_RECHECK_SECONDS / 2
+    assert client_with(None).get("/v1/files").status_code == 200
+    clock[0] += auth.KEYS_RECHECK_SECONDS / 2
+    assert client_with(None).get("/v1/files").status_code == 401
+
+
+def test_once_a_key_was_seen_a_poll_asks_nothing_more_about_keys(
+        published, django_assert_num_queries):
+    _, raw = apikey_create(name="alice")
+    client = client_with(raw)
+    client.get("/v1/pool/status")  # the key's last use is recorded (once a minute)
+
+    # An authenticated poll of a cached pool status: one query, the key's lookup
+    with django_assert_num_queries(1):
+        assert client.get("/v1/pool/status").status_code == 200
+    # ...and an anonymous one none: refused without asking whether keys exist
+    with django_assert_num_queries(0):
+        assert client_with(None).get("/v1/pool/status").status_code == 401
+
+
 def test_health_and_the_schema_stay_public(published):
     apikey_create(name="alice")
     assert client_with(None).get("/health").status_code in (200, 503)
