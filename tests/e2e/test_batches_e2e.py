@@ -68,6 +68,13 @@ def test_batch_of_5000_completes_and_pool_returns_to_empty(start_server, broker_
     assert pool["intake_pool_size"] == 0
     assert pool["active_batches"] == 0
     assert pool["scheduling_pool_free"] == pool["scheduling_pool_capacity"] == 1000
+    # The access log has the upload, the create and the download, not the polls
+    log = server.log(tail=1_000_000)
+    assert '"POST /v1/files HTTP/1.1" 200' in log
+    assert '"POST /v1/batches HTTP/1.1" 200' in log
+    assert f'"GET /v1/files/{done["output_file_id"]}/content HTTP/1.1" 200' in log
+    assert "GET /v1/pool/status" not in log
+    assert f"GET /v1/batches/{batch['id']} " not in log
 
 
 def test_capacity_gives_429_or_capacity_exceeded_never_half_enqueued(start_server):

@@ -17,6 +17,18 @@ from batchgen_site.supervisor import Program, Supervisor
 
 logger = logging.getLogger("batchgen.serve")
 
+# gunicorn's arguments for each --access-log mode (see batchgen_site/gunicorn_logging.py).
+ACCESS_LOG_MODES = {
+    "all": ["--access-logfile", "-"],
+    "except-polls": ["--access-logfile", "-",
+                     "--logger-class", "batchgen_site.gunicorn_logging.ExceptPollsLogger"],
+    "none": [],
+}
+# Processes, not threads, carry the polling load: threads of one process share its
+# GIL, so beyond a few they queue for it (benchmarks/load.py, docs/benchmarks.md).
+DEFAULT_WEB_WORKERS = min(max(2 * (os.cpu_count() or 1), 2), 8)
+DEFAULT_WEB_THREADS = 4
+
 
 class Command(BaseCommand):
     help = __doc__
@@ -31,8 +43,19 @@ class Command(BaseCommand):
                                     help=f"{setting.help} (env {setting.env}, default "
                                          f"{setting.default or 'see help'})")
         parser.add_argument("--web-workers", type=int,
-                            default=int(os.environ.get("BATCHGEN_WEB_WORKERS", "2")),
-                            help="gunicorn worker processes (env BATCHGEN_WEB_WORKERS)")
+                            default=int(os.environ.get("BATCHGEN_WEB_WORKERS",
+                                                       DEFAULT_WEB_WORKERS)),
+                            help="gunicorn worker processes (env BATCHGEN_WEB_WORKERS; "
+                                 "default twice the cores, 2 to 8)")
+        parser.add_argument("--web-threads", type=int,
+                            default=int(os.environ.get("BATCHGEN_WEB_THREADS",
+                                                       DEFAULT_WEB_THREADS)),
+                            help="threads per gunicorn worker (env BATCHGEN_WEB_THREADS, "
+                                 f"default {DEFAULT_WEB_THREADS})")
+        parser.add_argument("--access-log", choices=ACCESS_LOG_MODES,
+                            default=os.environ.get("BATCHGEN_ACCESS_LOG", "except-polls"),
+                            help="which HTTP requests to log: all, all but successful polls "
+                                 "(default), none (env BATCHGEN_ACCESS_LOG)")
         parser.add_argument("--no-inference-worker", action="store_true",
                             help="start no inference worker here (they run on GPU hosts)")
 
@@ -87,10 +110,11 @@ class Command(BaseCommand):
             python, "-m", "gunicorn", "batchgen_site.wsgi:application",
             "--bind", f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}",
             "--worker-class", "gthread", "--workers", str(options["web_workers"]),
-            "--threads", "8",
+            "--threads", str(options["web_threads"]),
             # Uploads of many GiB stream for minutes; gthread keeps heartbeating.
             "--timeout", "120", "--graceful-timeout", "30",
-            "--access-logfile", "-", "--chdir", str(settings.BASE_DIR),
+            *ACCESS_LOG_MODES[options["access_log"]],
+            "--chdir", str(settings.BASE_DIR),
         ]))
         programs.append(Program("control", [
             *celery, "worker", "-Q", "control", "-n", "control@%h", "-P", "threads", "-c", "4",
