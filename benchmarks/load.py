@@ -14,22 +14,23 @@ Two shapes of load, each bounded in time (--duration) and count (--max-requests)
   shows as a rate under it too;
 - max: the clients poll back to back (no pause): the server's capacity.
 
-Each `--web-workers` value gets a fresh server (`manage.py serve --web-workers N`,
-simulated engine, 1,000 slots at 1 s a request: about 1,000 requests/s of batch work
-next to the polls). `--persistent-db` also runs each with persistent database
-connections (CONN_MAX_AGE), through a settings module written to the scratch
-directory: the fix this benchmark points at, measured before it lands.
+Each `--config` (a string of `manage.py serve` options, e.g. "--web-workers 2
+--web-threads 4") gets a fresh server: the simulated engine, 1,000 slots at 1 s a
+request, so about 1,000 requests/s of batch work run next to the polls. The default
+is the server's own defaults ("").
 
 Only 127.0.0.1 is used. Results: benchmarks/results/load.json.
 
-    .venv/bin/python benchmarks/load.py                      # 2 web workers, paced + max
-    .venv/bin/python benchmarks/load.py --web-workers 1 2 4 --persistent-db
+    .venv/bin/python benchmarks/load.py                      # defaults, paced + max
+    .venv/bin/python benchmarks/load.py --config= --config='--web-threads 4'
+
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -46,6 +47,7 @@ from _common import (  # noqa: E402
     print_table,
     scratch_dir,
     server_env,
+    server_processes,
     wait_for_quiet,
     write_results,
 )
@@ -89,16 +91,6 @@ function done(summary, latency, requests)
 end
 """
 
-# Settings for the --persistent-db variant: the real ones, with each gunicorn thread
-# keeping its database connection instead of opening one per request.
-PERSISTENT_DB_SETTINGS = """\
-from batchgen_site.settings import *  # noqa: F403
-
-DATABASES["default"]["CONN_MAX_AGE"] = 600  # noqa: F405
-DATABASES["default"]["CONN_HEALTH_CHECKS"] = True  # noqa: F405
-"""
-
-
 def run_wrk(server: Server, batch_id: str, *, clients: int, threads: int, duration: float,
             pause_ms: int, max_requests: int, script: Path) -> dict:
     per_thread_cap = max(1, max_requests // threads)
@@ -134,19 +126,14 @@ def cpu_seconds(processes: list[psutil.Process]) -> float:
     return total
 
 
-def web_processes(server: Server) -> list[psutil.Process]:
-    return server.children("gunicorn: ")
-
-
-def measure(args, work: Path, *, web_workers: int, persistent_db: bool, script: Path) -> list:
-    storage = work / f"storage-w{web_workers}{'-pdb' if persistent_db else ''}"
+def measure(args, work: Path, *, config: str, index: int, script: Path,
+            checkout: Path | None = None) -> list:
+    storage = work / f"storage-{index}"
     env = server_env(storage=storage, engine="simulated", BATCHGEN_SIM_LATENCY_MS="1000",
                      BATCHGEN_MAX_POOL_SIZE="1000")
-    if persistent_db:
-        (work / "batchgen_load_settings.py").write_text(PERSISTENT_DB_SETTINGS)
-        env["PYTHONPATH"] = str(work)
-        env["DJANGO_SETTINGS_MODULE"] = "batchgen_load_settings"
-    server = Server(storage=storage, env=env, args=["--web-workers", str(web_workers)])
+    server = Server(storage=storage, env=env, args=shlex.split(config), web_workers=None,
+                    **({"root": checkout} if checkout else {}))
+    label = f"{config or '(defaults)'}{f' [{checkout.name}]' if checkout else ''}"
     runs = []
     try:
         server.start(ready_timeout=180)
@@ -161,12 +148,15 @@ def measure(args, work: Path, *, web_workers: int, persistent_db: bool, script: 
         for shape, pause_ms in shapes:
             noise = wait_for_quiet(max_busy=70, timeout=30)
             before = api.batch(batch["id"])
-            web = web_processes(server)
-            cpu_before, wall_before = cpu_seconds(web), time.monotonic()
+            roles = {role: procs for role, procs in server_processes(server).items() if procs}
+            cpu_before = {role: cpu_seconds(procs) for role, procs in roles.items()}
+            wall_before = time.monotonic()
+            psutil.cpu_percent()  # starts the machine-wide measurement
             spy = None
             if args.profile and shape == "max":
+                # --gil: only the thread holding the GIL, i.e. where the CPU goes
                 spy = PySpy(server.children("gunicorn: worker")[0].pid,
-                            work / f"spy-w{web_workers}-{persistent_db}.raw", rate=200)
+                            work / f"spy-{index}.raw", rate=200, gil=True)
                 spy.__enter__()
             try:
                 result = run_wrk(server, batch["id"], clients=args.clients,
@@ -176,12 +166,20 @@ def measure(args, work: Path, *, web_workers: int, persistent_db: bool, script: 
             finally:
                 if spy is not None:
                     spy.__exit__(None, None, None)
-            web_cpu = (cpu_seconds(web) - cpu_before) / (time.monotonic() - wall_before)
+            wall = time.monotonic() - wall_before
+            machine_busy = psutil.cpu_percent()
+            cores = {role: round((cpu_seconds(procs) - cpu_before[role]) / wall, 2)
+                     for role, procs in roles.items()}
+            web_cpu = cores.get("web worker", 0.0) + cores.get("web master", 0.0)
             after = api.batch(batch["id"])
             result.update({
-                "shape": shape, "web_workers": web_workers, "persistent_db": persistent_db,
+                "shape": shape, "config": label,
                 "clients": args.clients, "pause_ms": pause_ms,
                 "web_cpu_cores": round(web_cpu, 2),
+                "web_cpu_ms_per_poll": round(web_cpu * 1000 / max(result["requests_per_s"], 1),
+                                             2),
+                "cpu_cores_by_role": cores,
+                "machine_busy_percent": machine_busy,
                 "batch_status_after": after["status"],
                 "batch_requests_done_during": after["request_counts"]["completed"]
                 - before["request_counts"]["completed"],
@@ -190,7 +188,7 @@ def measure(args, work: Path, *, web_workers: int, persistent_db: bool, script: 
             if spy is not None:
                 result["profile"] = spy.summary(top=25)
             runs.append(result)
-            print(f"  {shape:5} workers={web_workers} persistent_db={persistent_db}: "
+            print(f"  {shape:5} {label}: "
                   f"{result['requests_per_s']:,.0f} req/s, p50 {result['p50_ms']:.1f} ms, "
                   f"p99 {result['p99_ms']:.1f} ms, errors {result['errors']}, "
                   f"batch {result['batch_requests_done_during']:,} requests done meanwhile",
@@ -210,9 +208,15 @@ def main() -> None:
                         help="paced shape: each client's pause after an answer")
     parser.add_argument("--shapes", nargs="+", default=["paced", "max"],
                         choices=["paced", "max"])
-    parser.add_argument("--web-workers", type=int, nargs="+", default=[2])
-    parser.add_argument("--persistent-db", action="store_true",
-                        help="also run each with persistent database connections")
+    parser.add_argument("--config", action="append",
+                        help="manage.py serve options for one server (repeat to compare; "
+                             "give them with '=': --config='--web-threads 4')")
+    parser.add_argument("--baseline-checkout", type=Path,
+                        help="another checkout (e.g. a git worktree of an older commit) "
+                             "whose server runs before each config, with this venv")
+    parser.add_argument("--baseline-config", default="",
+                        help="manage.py serve options for the baseline checkout's server")
+    parser.add_argument("--rounds", type=int, default=1, help="repeat the whole plan")
     parser.add_argument("--batch-requests", type=int, default=200_000,
                         help="size of the batch that runs during the load")
     parser.add_argument("--wrk-threads", type=int, default=1)
@@ -228,25 +232,29 @@ def main() -> None:
     with scratch_dir("load", keep=args.keep) as work:
         script = work / "poll.lua"
         script.write_text(LUA)
-        for web_workers in args.web_workers:
-            for persistent_db in ([False, True] if args.persistent_db else [False]):
-                runs += measure(args, work, web_workers=web_workers,
-                                persistent_db=persistent_db, script=script)
+        plan = [(config, None) for config in args.config or [""]]
+        if args.baseline_checkout:
+            # Side by side, alternating: the older code's server, then this one's.
+            plan = [(args.baseline_config, args.baseline_checkout), *plan] * args.rounds
+        else:
+            plan = plan * args.rounds
+        for index, (config, checkout) in enumerate(plan):
+            runs += measure(args, work, config=config, index=index, script=script,
+                            checkout=checkout)
 
     print_table(
         f"Polling load: {args.clients} clients, GET /v1/batches/{{id}} and /v1/pool/status, "
         f"{args.duration:.0f} s each, a batch running",
-        ["shape", "web workers", "persistent db", "req/s", "p50 ms", "p90 ms", "p99 ms",
-         "max ms", "errors", "web CPU (cores)", "batch req done"],
-        [[r["shape"], r["web_workers"], "yes" if r["persistent_db"] else "no",
-          r["requests_per_s"], r["p50_ms"], r["p90_ms"], r["p99_ms"], r["max_ms"],
-          r["errors"], r["web_cpu_cores"], r["batch_requests_done_during"]] for r in runs])
+        ["shape", "serve options", "req/s", "p50 ms", "p90 ms", "p99 ms",
+         "max ms", "errors", "web CPU (cores)", "web CPU ms/poll", "machine busy %",
+         "batch req done"],
+        [[r["shape"], r["config"], r["requests_per_s"], r["p50_ms"], r["p90_ms"],
+          r["p99_ms"], r["max_ms"], r["errors"], r["web_cpu_cores"], r["web_cpu_ms_per_poll"],
+          r["machine_busy_percent"], r["batch_requests_done_during"]] for r in runs])
     goal = [r for r in runs if r["shape"] == "paced" and r["requests_per_s"] >= 1000
             and r["p99_ms"] < 100 and r["errors"] == 0]
     print("\ngoal (>= 1,000 polls/s, p99 < 100 ms, no errors):",
-          "met by " + ", ".join(f"{r['web_workers']} workers"
-                                f"{' + persistent db' if r['persistent_db'] else ''}"
-                                for r in goal) if goal else "not met")
+          "met by " + ", ".join(r["config"] for r in goal) if goal else "not met")
     write_results(args.name, {"settings": vars(args), "runs": runs})
 
 

@@ -43,6 +43,10 @@ class Server:
     storage: Path
     env: dict[str, str]
     args: list[str] = field(default_factory=list)
+    # Tests run one web worker (lighter); None: the server's own default.
+    web_workers: int | None = 1
+    # The checkout whose manage.py runs (a benchmark may run an older one beside this).
+    root: Path = ROOT
     port: int = field(default_factory=free_port)
     process: subprocess.Popen | None = None
     log_path: Path | None = None
@@ -57,8 +61,10 @@ class Server:
         self.process = subprocess.Popen(
             [sys.executable, "manage.py", "serve", "--listen-ip", "127.0.0.1",
              "--listen-port", str(self.port), "--storage-path", str(self.storage),
-             "--flower-port", "0", "--web-workers", "1", *self.args],
-            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+             "--flower-port", "0",
+             *(["--web-workers", str(self.web_workers)] if self.web_workers else []),
+             *self.args],
+            cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         self.wait_healthy(ready_timeout)
