@@ -86,3 +86,45 @@ def published(monkeypatch):
 
     monkeypatch.setattr(Task, "apply_async", fake_apply_async)
     return sent
+
+
+@pytest.fixture
+def runtime_factory(published):
+    """Start inference runtimes on the simulated engine, in process; all are stopped
+    at the end of the test."""
+    from inference.engines.base import EngineConfig
+    from inference.runtime import InferenceRuntime
+
+    runtimes = []
+
+    def _make(*, capacity: int = 64, latency_ms: float = 0.0):
+        runtime = InferenceRuntime(
+            config=EngineConfig(engine="simulated", model="/nonexistent",
+                                served_model_name="sim", sim_latency_ms=latency_ms),
+            capacity=capacity, name=f"test-worker-{len(runtimes)}")
+        runtime.start()
+        assert runtime.ready.wait(30)
+        runtimes.append(runtime)
+        return runtime
+
+    yield _make
+    for runtime in runtimes:
+        runtime.stop()
+
+
+@pytest.fixture
+def batch_in_progress(upload, settings):
+    """A validated batch of `requests` chat lines in chunks of `chunk_size`."""
+    from batches import services
+    from batches.models import BatchStatus
+
+    def _make(requests: int, *, chunk_size: int):
+        settings.BATCHGEN_CHUNK_SIZE = chunk_size
+        file = upload(jsonl([chat_line(f"req-{i}", f"question {i}") for i in range(requests)]))
+        batch = services.batch_create(input_file_id=file["id"], endpoint="/v1/chat/completions",
+                                      model="sim")
+        batch = services.batch_validate(batch_id=batch.id)
+        assert batch.status == BatchStatus.IN_PROGRESS
+        return batch
+
+    return _make

@@ -21,37 +21,21 @@ from batches import services
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
 from files import incremental, storage
 from inference import runtime as runtime_module
-from inference.engines.base import EngineConfig
-from inference.runtime import InferenceRuntime
 from tests.conftest import chat_line, jsonl
 from tests.e2e.harness import output_ids, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def make_runtime(published, monkeypatch):
+@pytest.fixture(autouse=True)
+def quick_retries(monkeypatch):
     monkeypatch.setattr(runtime_module, "STORAGE_RETRY_FIRST", 0.05)
     monkeypatch.setattr(runtime_module, "STORAGE_RETRY_MAX", 0.2)
-    started: list[InferenceRuntime] = []
-
-    def make(name: str) -> InferenceRuntime:
-        runtime = InferenceRuntime(
-            config=EngineConfig(engine="simulated", model="/nonexistent",
-                                served_model_name="sim"), capacity=64, name=name)
-        runtime.start()
-        assert runtime.ready.wait(30)
-        started.append(runtime)
-        return runtime
-
-    yield make
-    for runtime in started:
-        runtime.stop()
 
 
 @pytest.fixture
-def runtime(make_runtime):
-    return make_runtime("disk-full-worker")
+def runtime(runtime_factory):
+    return runtime_factory()
 
 
 @pytest.fixture
@@ -77,18 +61,30 @@ def in_thread():
 
 
 @pytest.fixture
-def half_run_batch(runtime, upload, settings):
+def half_run_batch(runtime, batch_in_progress):
     """A batch of two chunks of 10 whose first chunk ran: (batch, second chunk, the
     incremental file's bytes, its path)."""
-    settings.BATCHGEN_CHUNK_SIZE = 10
-    file = upload(jsonl([chat_line(f"req-{i}", f"question {i}") for i in range(20)]))
-    batch = services.batch_create(input_file_id=file["id"], endpoint="/v1/chat/completions",
-                                  model="sim")
-    batch = services.batch_validate(batch_id=batch.id)
+    batch = batch_in_progress(20, chunk_size=10)
     first, second = Chunk.objects.filter(batch=batch).order_by("index")
     runtime.run_chunk(first.id)
     output = storage.absolute(storage.incremental_name(batch.id))
     return batch, second, output.read_bytes(), output
+
+
+@pytest.fixture
+def waiting_chunk(runtime, full_disk, half_run_batch, in_thread):
+    """Fill the disk, run the second chunk in a thread and wait until its batch shows
+    the full storage; returns the chunk's future."""
+
+    def start():
+        batch, second, _, _ = half_run_batch
+        full_disk["full"] = True
+        running = in_thread(runtime.run_chunk, second.id)
+        wait_until(lambda: storage_error_of(batch) == "storage_full", timeout=30,
+                   message="the batch to show the full storage")
+        return running
+
+    return start
 
 
 def storage_error_of(batch: Batch) -> str | None:
@@ -97,16 +93,13 @@ def storage_error_of(batch: Batch) -> str | None:
 
 
 def test_full_disk_holds_the_results_shows_why_and_resumes_when_there_is_room(
-        runtime, full_disk, half_run_batch, in_thread, api):
+        runtime, full_disk, half_run_batch, waiting_chunk, api):
     batch, second, written, output = half_run_batch
 
     # When: the disk is full while the second chunk runs
-    full_disk["full"] = True
-    running = in_thread(runtime.run_chunk, second.id)
+    running = waiting_chunk()
 
     # Then: the batch waits and says why; so do /health and /v1/pool/status
-    wait_until(lambda: storage_error_of(batch) == "storage_full", timeout=30,
-               message="the batch to show the full storage")
     shown = api.get(f"/v1/batches/{batch.id}").json()
     assert shown["status"] == "in_progress"
     assert shown["error"]["code"] == "storage_full"
@@ -145,12 +138,9 @@ def test_full_disk_holds_the_results_shows_why_and_resumes_when_there_is_room(
 
 
 def test_batch_cancelled_while_the_disk_is_full_keeps_what_was_written(
-        runtime, full_disk, half_run_batch, in_thread):
+        half_run_batch, waiting_chunk):
     batch, second, written, output = half_run_batch
-    full_disk["full"] = True
-    running = in_thread(runtime.run_chunk, second.id)
-    wait_until(lambda: storage_error_of(batch) == "storage_full", timeout=30,
-               message="the batch to show the full storage")
+    running = waiting_chunk()
 
     # When: the user cancels it
     services.batch_cancel(batch_id=batch.id)
@@ -166,12 +156,9 @@ def test_batch_cancelled_while_the_disk_is_full_keeps_what_was_written(
 
 
 def test_worker_stopped_while_the_disk_is_full_hands_the_chunk_back(
-        runtime, make_runtime, full_disk, half_run_batch, in_thread):
+        runtime, runtime_factory, full_disk, half_run_batch, waiting_chunk):
     batch, second, written, output = half_run_batch
-    full_disk["full"] = True
-    running = in_thread(runtime.run_chunk, second.id)
-    wait_until(lambda: storage_error_of(batch) == "storage_full", timeout=30,
-               message="the batch to show the full storage")
+    running = waiting_chunk()
 
     # When: the worker is stopped (a deploy, a scale-down)
     runtime.stop()
@@ -186,7 +173,7 @@ def test_worker_stopped_while_the_disk_is_full_hands_the_chunk_back(
 
     # When: there is room and another worker takes the chunk
     full_disk["full"] = False
-    other = make_runtime("second-worker")
+    other = runtime_factory()
     assert other.run_chunk(second.id).endswith("10 completed, 0 failed")
 
     # Then: the batch completes, every custom_id once, the error gone

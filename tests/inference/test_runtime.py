@@ -13,45 +13,10 @@ from batches.intake import intake_reserved
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
 from files import storage
 from files.incremental import append_lines
-from inference.engines.base import EngineConfig, EngineResult
+from inference.engines.base import EngineResult
 from inference.output import format_line
-from inference.runtime import InferenceRuntime
-from tests.conftest import chat_line, jsonl
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def runtime_factory(published):
-    runtimes: list[InferenceRuntime] = []
-
-    def _make(*, capacity: int = 64, latency_ms: float = 0.0) -> InferenceRuntime:
-        runtime = InferenceRuntime(
-            config=EngineConfig(engine="simulated", model="/nonexistent",
-                                served_model_name="sim", sim_latency_ms=latency_ms),
-            capacity=capacity, name=f"test-worker-{len(runtimes)}")
-        runtime.start()
-        assert runtime.ready.wait(30)
-        runtimes.append(runtime)
-        return runtime
-
-    yield _make
-    for runtime in runtimes:
-        runtime.stop()
-
-
-@pytest.fixture
-def batch_in_progress(upload, settings):
-    def _make(requests: int, *, chunk_size: int) -> Batch:
-        settings.BATCHGEN_CHUNK_SIZE = chunk_size
-        file = upload(jsonl([chat_line(f"req-{i}", f"question {i}") for i in range(requests)]))
-        batch = services.batch_create(input_file_id=file["id"], endpoint="/v1/chat/completions",
-                                      model="sim")
-        batch = services.batch_validate(batch_id=batch.id)
-        assert batch.status == BatchStatus.IN_PROGRESS
-        return batch
-
-    return _make
 
 
 def output_of(batch: Batch) -> list[dict]:
