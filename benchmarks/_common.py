@@ -318,6 +318,24 @@ class RssSampler:
                     if phases is None or name in phases), default=0)
 
 
+def server_cpu_seconds(server: Server) -> dict[str, float]:
+    """CPU seconds (user + system) so far of each role's processes, and of the
+    supervisor itself; subtract two readings for a phase."""
+    found: dict[str, float] = {}
+    for role, processes in server_processes(server).items():
+        found[role] = sum(_cpu_of(proc) for proc in processes)
+    found["supervisor"] = _cpu_of(psutil.Process(server.process.pid))
+    return found
+
+
+def _cpu_of(process: psutil.Process) -> float:
+    try:
+        times = process.cpu_times()
+    except psutil.Error:  # gone since it was listed
+        return 0.0
+    return times.user + times.system
+
+
 def mib(value: float) -> float:
     return round(value / MiB, 1)
 

@@ -54,7 +54,7 @@ from _common import (  # noqa: E402
     print_table,
     running_server,
     scratch_dir,
-    server_processes,
+    server_cpu_seconds,
     server_timeline,
     wait_for_quiet,
     write_results,
@@ -262,25 +262,6 @@ def run_vllm_batch(input_path: Path, model: str, work: Path, timeout: float) -> 
 # --- 3. BatchGen ----------------------------------------------------------------------
 
 
-def server_cpu(server) -> dict[str, float]:
-    found = {}
-    for role, processes in server_processes(server).items():
-        total = 0.0
-        for proc in processes:
-            try:
-                times = proc.cpu_times()
-                total += times.user + times.system
-            except psutil.Error:
-                continue
-        found[role] = total
-    try:
-        times = psutil.Process(server.process.pid).cpu_times()
-        found["supervisor"] = times.user + times.system
-    except psutil.Error:
-        pass
-    return found
-
-
 def run_batchgen(input_path: Path, model: str, work: Path, timeout: float, *,
                  engine_args: str | None = None, name: str = "storage") -> dict:
     env = {"BATCHGEN_MODEL": model}
@@ -292,7 +273,7 @@ def run_batchgen(input_path: Path, model: str, work: Path, timeout: float, *,
             httpx.Client(base_url=server.base_url, timeout=600) as http:
         startup = time.perf_counter() - started
         noise = wait_for_quiet()  # the server's own start-up work included
-        cpu_before, busy_before = server_cpu(server), machine_busy()
+        cpu_before, busy_before = server_cpu_seconds(server), machine_busy()
         t0 = time.perf_counter()
         with input_path.open("rb") as fh:
             file = http.post("/v1/files", data={"purpose": "batch"},
@@ -313,7 +294,7 @@ def run_batchgen(input_path: Path, model: str, work: Path, timeout: float, *,
         content = http.get(f"/v1/files/{batch['output_file_id']}/content")
         content.raise_for_status()
         run = time.perf_counter() - t0
-        cpu = cpu_delta(server_cpu(server), cpu_before)
+        cpu = cpu_delta(server_cpu_seconds(server), cpu_before)
         busy = round(machine_busy() - busy_before, 1)
         timeline = server_timeline(storage, batch["id"])
     usage = read_usage(content.content.splitlines())

@@ -46,8 +46,8 @@ from _common import (  # noqa: E402
     Server,
     print_table,
     scratch_dir,
+    server_cpu_seconds,
     server_env,
-    server_processes,
     wait_for_quiet,
     write_results,
 )
@@ -115,17 +115,6 @@ def run_wrk(server: Server, batch_id: str, *, clients: int, threads: int, durati
     }
 
 
-def cpu_seconds(processes: list[psutil.Process]) -> float:
-    total = 0.0
-    for process in processes:
-        try:
-            times = process.cpu_times()
-            total += times.user + times.system
-        except psutil.Error:
-            continue
-    return total
-
-
 def measure(args, work: Path, *, config: str, index: int, script: Path,
             checkout: Path | None = None) -> list:
     storage = work / f"storage-{index}"
@@ -148,8 +137,7 @@ def measure(args, work: Path, *, config: str, index: int, script: Path,
         for shape, pause_ms in shapes:
             noise = wait_for_quiet(max_busy=70, timeout=30)
             before = api.batch(batch["id"])
-            roles = {role: procs for role, procs in server_processes(server).items() if procs}
-            cpu_before = {role: cpu_seconds(procs) for role, procs in roles.items()}
+            cpu_before = server_cpu_seconds(server)
             wall_before = time.monotonic()
             psutil.cpu_percent()  # starts the machine-wide measurement
             spy = None
@@ -168,8 +156,8 @@ def measure(args, work: Path, *, config: str, index: int, script: Path,
                     spy.__exit__(None, None, None)
             wall = time.monotonic() - wall_before
             machine_busy = psutil.cpu_percent()
-            cores = {role: round((cpu_seconds(procs) - cpu_before[role]) / wall, 2)
-                     for role, procs in roles.items()}
+            cores = {role: round((seconds - cpu_before.get(role, 0.0)) / wall, 2)
+                     for role, seconds in server_cpu_seconds(server).items()}
             web_cpu = cores.get("web worker", 0.0) + cores.get("web master", 0.0)
             after = api.batch(batch["id"])
             result.update({

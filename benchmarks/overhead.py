@@ -29,7 +29,6 @@ from pathlib import Path
 
 import httpx
 import orjson
-import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
@@ -38,6 +37,7 @@ from _common import (  # noqa: E402
     print_table,
     running_server,
     scratch_dir,
+    server_cpu_seconds,
     server_env_arg,
     server_processes,
     server_timeline,
@@ -108,18 +108,6 @@ def run_baseline(path: Path, out: Path) -> dict:
 # --- BatchGen ------------------------------------------------------------------------
 
 
-def cpu_seconds(server) -> dict[str, float]:
-    found: dict[str, float] = {}
-    for role, processes in server_processes(server).items():
-        total = 0.0
-        for proc in processes:
-            with contextlib.suppress(psutil.Error):
-                times = proc.cpu_times()
-                total += times.user + times.system
-        found[role] = total
-    return found
-
-
 def run_batchgen(path: Path, storage: Path, *, requests: int, chunk_size: int | None,
                  poll: float, timeout: float, extra_env: dict[str, str],
                  profile: Path | None = None) -> dict:
@@ -129,7 +117,7 @@ def run_batchgen(path: Path, storage: Path, *, requests: int, chunk_size: int | 
     with running_server(storage, engine="simulated", **env) as server, \
             httpx.Client(base_url=server.base_url, timeout=600) as http:
         noise = wait_for_quiet()  # also lets start-up work (first heartbeats) settle
-        cpu_before = cpu_seconds(server)
+        cpu_before = server_cpu_seconds(server)
         t0 = time.perf_counter()
         with path.open("rb") as fh:
             file = http.post("/v1/files", data={"purpose": "batch"},
@@ -164,7 +152,7 @@ def run_batchgen(path: Path, storage: Path, *, requests: int, chunk_size: int | 
         content = http.get(f"/v1/files/{batch['output_file_id']}/content")
         content.raise_for_status()
         t_downloaded = time.perf_counter()
-        cpu_after = cpu_seconds(server)
+        cpu_after = server_cpu_seconds(server)
         timeline = server_timeline(storage, batch["id"])
     profiles = {}
     if profile is not None:
