@@ -57,6 +57,21 @@ def jsonl(items) -> bytes:
     )
 
 
+def error_of(response, status: int) -> dict:
+    """The OpenAI error envelope of a response, checked in full; returns its `error`."""
+    assert response.status_code == status, response.content
+    assert response["Content-Type"].startswith("application/json")
+    body = json.loads(response.content)
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["type"], str) and error["type"]
+    assert error["param"] is None or isinstance(error["param"], str)
+    assert error["code"] is None or isinstance(error["code"], str)
+    return error
+
+
 @pytest.fixture
 def upload(api):
     """Upload bytes through the API; returns the File JSON."""

@@ -3,7 +3,6 @@ process: each gets exactly its expected outcome, and none a 5xx."""
 
 from __future__ import annotations
 
-import json
 from io import BytesIO
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from batches.models import Batch, Chunk
 from batches.validation import read_chunk
 from files import storage as file_storage
 from files.models import File
+from tests.conftest import error_of
 from tests.corpus.cases import (
     ALL_CASES,
     ANY,
@@ -38,13 +38,7 @@ pytestmark = pytest.mark.django_db
 
 
 def check_refused(response, expected: Refused) -> None:
-    assert response.status_code == expected.status, response.content[:500]
-    assert response["Content-Type"].startswith("application/json")
-    body = json.loads(response.content)
-    assert set(body) == {"error"}
-    error = body["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert isinstance(error["message"], str) and error["message"]
+    error = error_of(response, expected.status)
     assert error["type"] == ("authentication_error" if expected.status == 401
                              else "invalid_request_error")
     if expected.code is not ANY:

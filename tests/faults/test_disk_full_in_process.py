@@ -21,7 +21,7 @@ from batches import services
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
 from files import incremental, storage
 from inference import runtime as runtime_module
-from tests.conftest import chat_line, jsonl
+from tests.conftest import chat_line, error_of, jsonl
 from tests.e2e.harness import output_ids, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -221,8 +221,7 @@ def test_upload_to_a_full_disk_is_refused_with_507_and_leaves_nothing(
     response = api.post("/v1/files", {"purpose": "batch", "file": _named(content)},
                         format="multipart")
 
-    assert response.status_code == 507, response.content
-    error = response.json()["error"]
+    error = error_of(response, 507)
     assert (error["type"], error["code"]) == ("server_error", "storage_full")
     assert "storage volume is full" in error["message"]
     assert not list(settings.UPLOADS_DIR.iterdir())  # the partial upload is gone

@@ -6,23 +6,10 @@ import json
 
 import pytest
 
+from tests.conftest import error_of
 from tests.files.helpers import MULTIPART, multipart
 
 pytestmark = pytest.mark.django_db
-
-
-def error_of(response, status: int) -> dict:
-    assert response.status_code == status, response.content
-    assert response["Content-Type"].startswith("application/json")
-    body = json.loads(response.content)
-    assert set(body) == {"error"}
-    error = body["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert isinstance(error["message"], str) and error["message"]
-    assert isinstance(error["type"], str) and error["type"]
-    assert error["param"] is None or isinstance(error["param"], str)
-    assert error["code"] is None or isinstance(error["code"], str)
-    return error
 
 
 @pytest.mark.parametrize("path", ["/nothing-here", "/v1/unknown", "/v1/files/x/y/z",

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from inference.model_info import SERVER_STARTED, served_model
 from inference.models import Worker
-from tests.site.test_errors import error_of
+from tests.conftest import error_of
 
 pytestmark = pytest.mark.django_db
 
