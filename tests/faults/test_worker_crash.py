@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import collections
 import signal
 
 import psutil
 
-from tests.e2e.harness import chat_lines, output_ids, wait_until
+from tests.e2e.harness import chat_lines, wait_until
+from tests.faults.faults import assert_each_custom_id_once, request_ids
 
 
 def test_sigkilled_worker_leaves_each_custom_id_exactly_once(start_server):
@@ -35,9 +35,6 @@ def test_sigkilled_worker_leaves_each_custom_id_exactly_once(start_server):
     done = api.wait_status(batch["id"], {"completed", "failed", "cancelled"}, timeout=400)
     assert len(killed) >= 3
     assert done["status"] == "completed", done
-    ids = output_ids(api.content(done["output_file_id"]))
-    duplicates = [cid for cid, n in collections.Counter(ids).items() if n > 1]
-    assert duplicates == []
-    assert set(ids) == {f"req-{i}" for i in range(10_000)}
+    assert_each_custom_id_once(api, done, request_ids(10_000))
     assert done["request_counts"] == {"total": 10_000, "completed": 10_000, "failed": 0}
     assert "restarting" in server.log(tail=100_000)
