@@ -1,0 +1,47 @@
+"""`manage.py serve` warns at start-up when it listens beyond loopback with no API key."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from batchgen_site.auth import apikey_create
+from batchgen_site.management.commands.serve import Command
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WARNING = "without API keys: anyone who reaches this address can use the API"
+
+
+@pytest.fixture
+def start_up(monkeypatch, settings, caplog):
+    settings.BATCHGEN_ENGINE = "simulated"
+
+    def run(listen_ip: str) -> list[str]:
+        monkeypatch.setenv("BATCHGEN_LISTEN_IP", listen_ip)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="batchgen.serve"):
+            Command()._prepare()
+        return [r.getMessage() for r in caplog.records if r.name == "batchgen.serve"]
+
+    return run
+
+
+@pytest.mark.parametrize("listen_ip", ["0.0.0.0", "10.1.2.3", "::"])
+def test_open_server_beyond_loopback_warns(start_up, listen_ip):
+    warnings = [m for m in start_up(listen_ip) if WARNING in m]
+    assert warnings == [f"listening on {listen_ip} {WARNING} (create a key with "
+                        "`manage.py createapikey NAME`)"]
+
+
+@pytest.mark.parametrize("listen_ip", ["127.0.0.1", "::1", "localhost"])
+def test_loopback_only_does_not_warn(start_up, listen_ip):
+    assert not [m for m in start_up(listen_ip) if WARNING in m]
+
+
+def test_server_with_a_key_does_not_warn(start_up):
+    apikey_create(name="ops")
+    messages = start_up("0.0.0.0")
+    assert not [m for m in messages if WARNING in m]
+    assert any("SIMULATED engine" in m for m in messages)  # the start-up did log
