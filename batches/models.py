@@ -60,7 +60,8 @@ class Batch(models.Model):
     completed = models.IntegerField(default=0)
     failed = models.IntegerField(default=0)
     # Intake capacity this batch still holds: reserved at enqueue, returned as its
-    # requests finish, fail or are skipped (see batches.intake).
+    # requests finish, fail or are skipped. The IntakePool's size is the sum over
+    # active batches (batches.intake): no global counter row to contend on.
     intake_reserved = models.IntegerField(default=0)
 
     error = models.JSONField(null=True, blank=True)  # {"code", "message"}
@@ -85,7 +86,12 @@ class Batch(models.Model):
     class Meta:
         ordering = ["-id"]
         verbose_name_plural = "batches"
-        indexes = [models.Index(fields=["input_file", "status"])]
+        indexes = [
+            models.Index(fields=["input_file", "status"]),
+            # The IntakePool's size sums the few batches holding capacity (batches.intake).
+            models.Index(fields=["intake_reserved"], name="batch_intake_holders",
+                         condition=models.Q(intake_reserved__gt=0)),
+        ]
 
     def __str__(self) -> str:
         return self.id
@@ -137,12 +143,17 @@ class Chunk(models.Model):
         return f"{self.batch_id}#{self.index}"
 
 
-class IntakePool(models.Model):
-    """One row: the requests admitted to the IntakePool and not yet finished.
-    Reservations lock this row, so capacity checks are atomic across processes."""
+class ControlLock(models.Model):
+    """A named lock of the control plane: a row taken FOR UPDATE by the one kind of
+    transaction that must run alone. `admission` serialises intake reservations (so
+    the IntakePool never over-admits); `dispatch` serialises the dispatcher. Neither
+    is taken on the per-request path: a worker's progress only touches its own chunk
+    and batch rows. The lock order is in docs/architecture.md ("Locks")."""
 
-    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
-    reserved = models.BigIntegerField(default=0)
+    ADMISSION = "admission"
+    DISPATCH = "dispatch"
+
+    name = models.CharField(primary_key=True, max_length=32)
 
     def __str__(self) -> str:
-        return f"intake pool ({self.reserved} reserved)"
+        return self.name

@@ -11,11 +11,13 @@ from django.conf import settings
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
+from batches.chunks import OPEN_CHUNKS, chunks_requeue_expired
+from batches.dispatch import publish_chunks, send_validate
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
-from batches.services import OPEN_CHUNKS, batch_finalize, publish_chunks
+from batches.services import batch_finalize
+from batchgen_site.transient import retry_transient
 from files import storage
 from files.incremental import repair_tail
-from inference.services import chunks_requeue_expired
 
 logger = logging.getLogger("batchgen.batches")
 
@@ -39,6 +41,7 @@ class RecoveryReport:
                 f"{self.torn_lines_repaired} torn line(s) repaired")
 
 
+@retry_transient
 def recover() -> RecoveryReport:
     report = RecoveryReport()
     refs = chunks_requeue_expired()
@@ -46,8 +49,6 @@ def recover() -> RecoveryReport:
     if refs:
         publish_chunks(refs)
     report.chunks_requeued = len(refs)
-
-    from batches.tasks import validate_batch
 
     overdue = timezone.now() - validation_timeout()
     stuck = (
@@ -58,7 +59,7 @@ def recover() -> RecoveryReport:
     ).values_list("id", flat=True)
     for batch_id in stuck:
         Batch.objects.filter(id=batch_id).update(validation_started_at=None)
-        validate_batch.delay(batch_id)
+        send_validate(batch_id)
         report.validations_restarted += 1
 
     open_chunks = Chunk.objects.filter(batch=OuterRef("pk"), status__in=OPEN_CHUNKS)

@@ -155,18 +155,3 @@ class BatchOutputSerializer(serializers.ModelSerializer):
 
 
 BatchListSerializer = list_envelope_serializer("BatchList", BatchOutputSerializer)
-
-
-class PoolStatusSerializer(serializers.Serializer):
-    intake_pool_size = serializers.IntegerField()
-    intake_pool_capacity = serializers.IntegerField()
-    scheduling_pool_active = serializers.IntegerField()
-    scheduling_pool_free = serializers.IntegerField()
-    scheduling_pool_capacity = serializers.IntegerField()
-    active_batches = serializers.IntegerField()
-    pool_mode = serializers.BooleanField()
-    scheduling_pool_tokens_active = serializers.IntegerField()
-    scheduling_pool_token_budget = serializers.IntegerField(allow_null=True)
-    storage_error = serializers.CharField(
-        allow_null=True, help_text="Why workers cannot write results now (the storage "
-        "volume full), or null. Their batches wait and resume once there is room.")

@@ -12,17 +12,20 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from batches import intake
-from batches.dispatch import dispatch, starting_pass
+from batches.chunks import OPEN_CHUNKS, batches_without_open_chunks, chunks_skip_queued
+from batches.dispatch import dispatch, send_validate, starting_pass
+from batches.locks import lock_control
 from batches.models import (
     ACTIVE_STATUSES,
     Batch,
     BatchStatus,
     Chunk,
-    ChunkStatus,
+    ControlLock,
 )
-from batches.validation import validate_file
+from batches.validation import ValidationReport, validate_file
 from batchgen_site.errors import BatchGenError, CapacityFull, NotFound, is_storage_full
 from batchgen_site.ids import new_id
+from batchgen_site.transient import retry_transient
 from files import storage
 from files.incremental import repair_tail
 from files.models import File, FilePurpose
@@ -45,7 +48,6 @@ TIMESTAMP_FIELD = {
     S.CANCELLING: "cancelling_at",
     S.CANCELLED: "cancelled_at",
 }
-OPEN_CHUNKS = (ChunkStatus.PENDING, ChunkStatus.QUEUED, ChunkStatus.RUNNING)
 
 
 class IllegalTransition(BatchGenError):
@@ -87,6 +89,7 @@ def batch_get(*, batch_id: str, owner=None) -> Batch:
 # --- create and validate ------------------------------------------------------------
 
 
+@retry_transient
 def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = "24h",
                  metadata: dict[str, str] | None = None, model: str,
                  max_decoding_length: int | None = None, max_context_length: int | None = None,
@@ -94,8 +97,6 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
                  top_k: int | None = None, priority: int = 1, owner=None) -> Batch:
     """Check what is cheap, record the batch as `validating` and queue its
     validation after commit. Never reads the input file here."""
-    from batches.tasks import validate_batch
-
     files = File.objects.filter(owner=owner) if owner is not None else File.objects
     try:
         input_file = files.get(id=input_file_id)
@@ -111,9 +112,11 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
         raise CapacityFull("The intake pool is full; retry later.",
                            retry_after=settings.BATCHGEN_RETRY_AFTER_SECONDS)
     with transaction.atomic():
-        # Lock order: the intake pool row, then batches. Serialises concurrent creates
-        # on the same file so at most one becomes active.
-        intake._locked_pool()
+        # The input file's row serialises concurrent creates on the same file (at
+        # most one becomes active) and a delete of it (batches.locks: File, then Batch).
+        if not File.objects.select_for_update().filter(id=input_file_id).exists():
+            raise BatchGenError(f"No such file: {input_file_id}", param="input_file_id",
+                                code="invalid_input_file")
         if Batch.objects.filter(input_file_id=input_file_id, status__in=ACTIVE_STATUSES).exists():
             raise BatchGenError(
                 f"File {input_file_id} already has an active batch; wait for it to finish "
@@ -138,7 +141,7 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
         )
         # robust: a broker that is down must not turn a committed batch into a 500;
         # recovery validates batches whose validation never started.
-        transaction.on_commit(lambda: validate_batch.delay(batch.id), robust=True)
+        transaction.on_commit(lambda: send_validate(batch.id), robust=True)
     logger.info("batch created batch_id=%s input_file_id=%s endpoint=%s", batch.id,
                 input_file_id, endpoint)
     return batch
@@ -190,20 +193,28 @@ def batch_validate(*, batch_id: str) -> Batch:
                                 "message": "The input file holds no requests."})
         return batch_get(batch_id=batch_id)
 
+    _admit(batch_id=batch_id, report=report)
+    return batch_get(batch_id=batch_id)
+
+
+@retry_transient
+def _admit(*, batch_id: str, report: ValidationReport) -> None:
+    """The whole batch enters the IntakePool at once, as pending chunks, or fails
+    with capacity_exceeded; the dispatcher then feeds its chunks to the inference
+    queue fairly (batches.dispatch). Locks: admission, then the batch row, so a
+    cancel meanwhile either comes first (nothing is admitted) or sees in_progress."""
     with transaction.atomic():
-        intake._locked_pool()
-        batch = Batch.objects.get(id=batch_id)
+        lock_control(ControlLock.ADMISSION)
+        batch = Batch.objects.select_for_update().get(id=batch_id)
         if batch.status != S.VALIDATING:  # cancelled while we read the file
-            return batch
+            return
         if not intake.intake_reserve(batch_id=batch_id, requests=report.total):
             batch_transition(
                 batch_id=batch_id, to=S.FAILED, total=report.total,
                 error={"code": "capacity_exceeded",
                        "message": f"The batch's {report.total} requests do not fit in the "
                                   "intake pool now; retry later."})
-            return batch_get(batch_id=batch_id)
-        # The whole batch enters the IntakePool at once, as pending chunks; the
-        # dispatcher feeds them to the inference queue fairly (batches.dispatch).
+            return
         Chunk.objects.bulk_create(
             [Chunk(batch_id=batch_id, index=i, start_offset=span.start_offset,
                    end_offset=span.end_offset, first_line=span.first_line, count=span.count)
@@ -213,33 +224,12 @@ def batch_validate(*, batch_id: str) -> Batch:
         batch_transition(batch_id=batch_id, to=S.IN_PROGRESS, total=report.total,
                          dispatch_pass=starting_pass(), grouped=report.grouped)
         transaction.on_commit(dispatch)
-    return batch_get(batch_id=batch_id)
-
-
-def publish_chunks(refs: list[tuple[str, int, int]]) -> None:
-    """Publish one message per chunk to the inference queue, by reference. Chunks
-    whose publish fails stay unpublished; recovery publishes them again."""
-    from batchgen_site.celery import QueueName, app
-    from inference.tasks import run_chunk
-
-    published: list[int] = []
-    try:
-        with app.producer_or_acquire() as producer:
-            for batch_id, chunk_id, index in refs:
-                run_chunk.apply_async(
-                    args=(batch_id, chunk_id), queue=QueueName.INFERENCE.value,
-                    producer=producer, shadow=f"chunk {batch_id}#{index}",
-                )
-                published.append(chunk_id)
-    finally:
-        now = timezone.now()
-        for start in range(0, len(published), 1000):
-            Chunk.objects.filter(id__in=published[start:start + 1000]).update(published_at=now)
 
 
 # --- cancel, settle, finalize, expire -------------------------------------------------
 
 
+@retry_transient
 def batch_cancel(*, batch_id: str) -> Batch:
     """Cancel a validating or in-progress batch. Queued chunks are skipped and their
     capacity returned at once; running ones are aborted by their workers, after which
@@ -259,38 +249,24 @@ def batch_cancel(*, batch_id: str) -> Batch:
     if not batch_transition(batch_id=batch_id, to=S.CANCELLING):
         return batch_cancel(batch_id=batch_id)  # it moved meanwhile: decide again
     chunks_skip_queued(batch_id=batch_id)
-    batch_settle(batch_id=batch_id, inline=True)
+    batch_settle(batch_id=batch_id)
     return batch_get(batch_id=batch_id)
-
-
-def chunks_skip_queued(*, batch_id: str) -> int:
-    """Skip the chunks of a batch that no worker runs yet, returning their capacity."""
-    with transaction.atomic():
-        queued = Chunk.objects.filter(batch_id=batch_id,
-                                      status__in=[ChunkStatus.PENDING, ChunkStatus.QUEUED])
-        skipped_requests = sum(queued.values_list("count", flat=True))
-        count = queued.update(status=ChunkStatus.SKIPPED, finished_at=timezone.now())
-        intake.intake_release(batch_id=batch_id, requests=skipped_requests)
-    return count
 
 
 def batch_has_open_chunks(*, batch_id: str) -> bool:
     return Chunk.objects.filter(batch_id=batch_id, status__in=OPEN_CHUNKS).exists()
 
 
-def batch_settle(*, batch_id: str, inline: bool = False) -> None:
-    """Called whenever a chunk closes: once none is open, finalize the batch
-    (completed, cancelled, or failed with its partial output)."""
-    if batch_has_open_chunks(batch_id=batch_id):
-        return
-    if inline:
+def batch_settle(*, batch_id: str) -> None:
+    """Once none of its chunks is open, finalize the batch (completed, cancelled, or
+    failed with its partial output). Workers' flushes do this for the chunks they
+    close (batches.chunks); cancel and fail do it here."""
+    if batches_without_open_chunks([batch_id]):
         batch_finalize(batch_id=batch_id)
-    else:
-        from batches.tasks import finalize_batch
-
-        transaction.on_commit(lambda: finalize_batch.delay(batch_id))
 
 
+@retry_transient
+@retry_transient
 def batch_finalize(*, batch_id: str) -> Batch:
     """Register the incremental file as the output and close the batch, exactly once
     however many callers race here: the status moves by conditional updates and the
@@ -320,6 +296,7 @@ def batch_finalize(*, batch_id: str) -> Batch:
     return batch_get(batch_id=batch_id)
 
 
+@retry_transient
 def batch_fail(*, batch_id: str, code: str, message: str) -> bool:
     """Fail a validating or running batch (worker error, window passed); queued
     chunks are skipped, running ones stop, and what was written stays as output."""
@@ -327,10 +304,11 @@ def batch_fail(*, batch_id: str, code: str, message: str) -> bool:
                             error={"code": code, "message": message}):
         return False
     chunks_skip_queued(batch_id=batch_id)
-    batch_settle(batch_id=batch_id, inline=True)
+    batch_settle(batch_id=batch_id)
     return True
 
 
+@retry_transient
 def batches_expire() -> int:
     """Fail every active batch whose completion window has passed."""
     expired = 0

@@ -13,7 +13,6 @@ from batches.serializers import (
     BatchListSerializer,
     BatchOutputInputSerializer,
     BatchOutputSerializer,
-    PoolStatusSerializer,
 )
 from batchgen_site.auth import request_owner
 from batchgen_site.errors import BatchGenError, checked_id, error_responses
@@ -98,10 +97,3 @@ class BatchOutputView(APIView):
         response["X-Next-Offset"] = str(end)
         response["X-Batch-Status"] = batch.status
         return response
-
-
-class PoolStatusView(APIView):
-    @extend_schema(responses={200: PoolStatusSerializer, **error_responses(401)},
-                   operation_id="pool_status")
-    def get(self, request):
-        return Response(represent(PoolStatusSerializer, selectors.pool_status_cached()))

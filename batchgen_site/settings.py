@@ -73,6 +73,11 @@ BATCHGEN_VALIDATION_TIMEOUT_SECONDS = env.int("BATCHGEN_VALIDATION_TIMEOUT_SECON
 # A worker is alive while its heartbeat is younger than this.
 BATCHGEN_WORKER_TTL_SECONDS = env.int("BATCHGEN_WORKER_TTL_SECONDS", default=30)
 BATCHGEN_HEARTBEAT_SECONDS = env.float("BATCHGEN_HEARTBEAT_SECONDS", default=2.0)
+# A worker tells the database what all of its chunks did in one transaction this
+# often (inference.ledger): the progress figures' freshness against the control
+# plane's load, which stays per worker, not per chunk or request. A large fleet may
+# raise it (docs/deployment.md, "How far one database goes").
+BATCHGEN_PROGRESS_FLUSH_SECONDS = env.float("BATCHGEN_PROGRESS_FLUSH_SECONDS", default=0.5)
 # /v1/pool/status is served from a per-process cache this young at most: its slot
 # figures change only with the workers' heartbeats anyway, and hundreds of pollers
 # then cost a few aggregate queries a second instead of four each. 0: no cache.

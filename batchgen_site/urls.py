@@ -8,13 +8,12 @@ from batches.views import (
     BatchDetailView,
     BatchListCreateView,
     BatchOutputView,
-    PoolStatusView,
 )
 from batchgen_site.admin_dashboard import pool_dashboard
 from batchgen_site.health import HealthView
 from batchgen_site.metrics import metrics_view
 from files.views import FileContentView, FileDetailView, FileListCreateView
-from inference.views import ModelDetailView, ModelListView
+from inference.views import ModelDetailView, ModelListView, PoolStatusView
 
 urlpatterns = [
     path("health", HealthView.as_view(), name="health"),

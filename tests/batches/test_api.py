@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, IntakePool
+from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
 from files.models import File, FilePurpose
 from inference.model_info import served_model
 from inference.models import Worker
@@ -208,17 +208,17 @@ def test_a_file_can_be_batched_again_once_its_batch_is_over(api, input_file, pub
 
 
 def test_create_when_the_intake_pool_is_full_is_429_with_retry_after(
-        api, input_file, published, settings):
+        api, input_file, published, settings, hold_intake):
     settings.BATCHGEN_MAX_INTAKE_CAPACITY = 10
     settings.BATCHGEN_RETRY_AFTER_SECONDS = 17
-    IntakePool.objects.update_or_create(id=1, defaults={"reserved": 10})
+    holder = hold_intake(10)
 
     response = create(api, input_file_id=input_file["id"])
 
     assert_envelope(response, 429, code="intake_pool_full")
     assert response.json()["error"]["type"] == "rate_limit_error"
     assert response["Retry-After"] == "17"
-    assert Batch.objects.count() == 0
+    assert list(Batch.objects.all()) == [holder]
     assert published == []
 
 

@@ -11,7 +11,8 @@ import pytest
 from django.utils import timezone
 
 from batches import recovery, services
-from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, IntakePool
+from batches.intake import intake_reserved
+from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
 from batches.services import IllegalTransition, batch_transition
 from files.models import File, FilePurpose
 from tests.conftest import chat_line, jsonl
@@ -187,9 +188,10 @@ def test_a_file_of_blank_lines_fails_as_empty(
 
 
 def test_a_batch_that_does_not_fit_the_intake_pool_fails_with_capacity_exceeded(
-        create_batch, settings, published, reserved, django_capture_on_commit_callbacks):
+        create_batch, settings, published, reserved, django_capture_on_commit_callbacks,
+        hold_intake):
     settings.BATCHGEN_MAX_INTAKE_CAPACITY = 10
-    IntakePool.objects.update_or_create(id=1, defaults={"reserved": 7})
+    hold_intake(7)
     batch = create_batch([chat_line(f"r{i}") for i in range(4)])
 
     failed = validate(batch.id, django_capture_on_commit_callbacks)
@@ -204,9 +206,10 @@ def test_a_batch_that_does_not_fit_the_intake_pool_fails_with_capacity_exceeded(
 
 
 def test_a_batch_that_exactly_fills_the_intake_pool_is_enqueued(
-        create_batch, settings, published, reserved, django_capture_on_commit_callbacks):
+        create_batch, settings, published, reserved, django_capture_on_commit_callbacks,
+        hold_intake):
     settings.BATCHGEN_MAX_INTAKE_CAPACITY = 10
-    IntakePool.objects.update_or_create(id=1, defaults={"reserved": 6})
+    hold_intake(6)
     batch = create_batch([chat_line(f"r{i}") for i in range(4)])
 
     assert validate(batch.id, django_capture_on_commit_callbacks).status == S.IN_PROGRESS
@@ -324,7 +327,6 @@ def test_expired_batch_fails_keeping_its_partial_output(running_batch, storage, 
     batch = running_batch(5, chunk_size=2)
     Chunk.objects.filter(batch=batch, index=0).update(status=ChunkStatus.DONE, completed=2)
     Batch.objects.filter(id=batch.id).update(completed=2)
-    IntakePool.objects.filter(id=1).update(reserved=3)
     Batch.objects.filter(id=batch.id).update(intake_reserved=3)
     partial = result("req-0") + result("req-1")
     incremental(storage, batch).write_bytes(partial)
@@ -616,7 +618,6 @@ def test_concurrent_creates_on_one_file_make_exactly_one_active_batch(upload, pu
 def test_concurrent_validations_never_reserve_past_capacity(upload, published, settings):
     require_concurrent_database()
     settings.BATCHGEN_MAX_INTAKE_CAPACITY = 10
-    IntakePool.objects.update_or_create(id=1, defaults={"reserved": 0})
     batches = [
         services.batch_create(input_file_id=upload(jsonl(
             [chat_line(f"b{n}-{i}") for i in range(4)]))["id"],
@@ -630,5 +631,5 @@ def test_concurrent_validations_never_reserve_past_capacity(upload, published, s
     statuses = sorted(o.status for o in outcomes)
     assert statuses == [S.FAILED, S.FAILED, S.IN_PROGRESS, S.IN_PROGRESS]  # 4 + 4 <= 10
     assert all(o.error["code"] == "capacity_exceeded" for o in outcomes if o.status == S.FAILED)
-    assert IntakePool.objects.get(id=1).reserved == 8
+    assert intake_reserved() == 8
     assert Chunk.objects.values("batch").distinct().count() == 2
