@@ -148,6 +148,19 @@ def test_create_with_metadata_over_the_limits_is_400(api, input_file, published,
     assert Batch.objects.count() == 0
 
 
+@pytest.mark.parametrize("value, kind", [
+    (5, "a number"), (1.5, "a number"), (True, "a boolean"), (["a"], "an array"),
+    ({"a": "b"}, "an object"),
+])
+def test_create_with_a_metadata_value_that_is_not_a_string_is_400_naming_its_key(
+        api, input_file, published, value, kind):
+    response = create(api, input_file_id=input_file["id"], metadata={"ok": "v", "k": value})
+
+    error = assert_envelope(response, 400, param="metadata.k", code="invalid_type")
+    assert f"must be strings; got {kind}" in error["message"]
+    assert Batch.objects.count() == 0
+
+
 def test_create_accepts_metadata_at_the_limits(api, input_file, published):
     metadata = {f"{i:02d}" + "k" * 62: "v" * 512 for i in range(16)}
 
@@ -164,10 +177,14 @@ def test_create_accepts_metadata_at_the_limits(api, input_file, published):
     ("max_context_length", 0),
     ("temperature", -0.1),
     ("temperature", "hot"),
+    ("temperature", 3),  # OpenAI's range is 0 to 2, as in a request body
+    ("temperature", 2.01),
+    ("temperature", "nan"),
     ("top_p", 0),
     ("top_p", 1.5),
+    ("top_p", 1.01),
     ("top_p", -0.5),
-    ("top_k", -1),
+    ("top_k", -2),
     ("top_k", 2.5),
 ])
 def test_create_with_bad_batch_level_parameters_is_400(api, input_file, published, field, value):
@@ -175,6 +192,18 @@ def test_create_with_bad_batch_level_parameters_is_400(api, input_file, publishe
 
     assert_envelope(response, 400, param=field)
     assert Batch.objects.count() == 0
+
+
+@pytest.mark.parametrize("field, value", [
+    ("temperature", 0), ("temperature", 2), ("top_p", 1), ("top_p", 0.01), ("top_k", -1),
+    ("top_k", 0), ("max_decoding_length", 1),
+])
+def test_create_accepts_batch_level_parameters_at_the_bounds_of_a_body(
+        api, input_file, published, field, value):
+    response = create(api, input_file_id=input_file["id"], **{field: value})
+
+    assert response.status_code == 200, response.content
+    assert response.json()[field] == value
 
 
 def test_create_with_max_context_length_over_the_models_is_400(api, input_file, published):
