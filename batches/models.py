@@ -48,6 +48,9 @@ class Batch(models.Model):
 
     created_at = models.DateTimeField(default=timezone.now)
     validation_started_at = models.DateTimeField(null=True, blank=True)
+    # How often recovery ran a lost validation again (bounded by
+    # BATCHGEN_VALIDATION_MAX_RESTARTS, then the batch fails).
+    validation_restarts = models.PositiveSmallIntegerField(default=0)
     in_progress_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField()
     finalizing_at = models.DateTimeField(null=True, blank=True)

@@ -26,7 +26,8 @@ from batchgen_site.ids import new_id
 from files import storage
 from files.incremental import repair_tail
 from files.models import File, FilePurpose
-from files.services import file_register_output
+from files.selectors import file_bytes_path
+from files.services import file_lock, file_register_output
 
 logger = logging.getLogger("batchgen.batches")
 
@@ -111,8 +112,12 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
         raise CapacityFull("The intake pool is full; retry later.",
                            retry_after=settings.BATCHGEN_RETRY_AFTER_SECONDS)
     with transaction.atomic():
-        # Lock order: the intake pool row, then batches. Serialises concurrent creates
-        # on the same file so at most one becomes active.
+        # Lock order: the input file's row (serialises this create with a delete of the
+        # file: files.services.file_lock), the intake pool row, then batches. The pool's
+        # lock serialises concurrent creates on the same file so at most one is active.
+        if file_lock(file_id=input_file_id) is None:
+            raise BatchGenError(f"No such file: {input_file_id}", param="input_file_id",
+                                code="invalid_input_file")
         intake._locked_pool()
         if Batch.objects.filter(input_file_id=input_file_id, status__in=ACTIVE_STATUSES).exists():
             raise BatchGenError(
@@ -147,15 +152,24 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
 def batch_validate(*, batch_id: str) -> Batch:
     """Validate the input in one streaming pass, then enqueue the whole batch or fail
     it. Nothing is queued unless every line is valid and all of it fits."""
-    batch = Batch.objects.select_related("input_file").get(id=batch_id)
+    # Not select_related: a join finds no batch when its input file is gone.
+    batch = Batch.objects.get(id=batch_id)
     if batch.status != S.VALIDATING:
         return batch
     Batch.objects.filter(id=batch_id).update(validation_started_at=timezone.now())
+    input_path = file_bytes_path(file_id=batch.input_file_id)
+    if input_path is None:
+        batch_transition(batch_id=batch_id, to=S.FAILED, error={
+            "code": "input_file_missing",
+            "message": f"The input file {batch.input_file_id} is gone (deleted, or its bytes "
+                       "removed from storage), so the batch cannot be validated; nothing was "
+                       "queued. Upload the file again and create a new batch."})
+        return batch_get(batch_id=batch_id)
     order_path = (storage.absolute(storage.order_name(batch_id))
                   if settings.BATCHGEN_PREFIX_GROUPING else None)
     try:
         report = validate_file(
-            storage.absolute(batch.input_file.storage_name),
+            input_path,
             endpoint=batch.endpoint,
             chunk_size=settings.BATCHGEN_CHUNK_SIZE,
             max_line_bytes=settings.BATCHGEN_MAX_LINE_BYTES,
@@ -192,7 +206,9 @@ def batch_validate(*, batch_id: str) -> Batch:
 
     with transaction.atomic():
         intake._locked_pool()
-        batch = Batch.objects.get(id=batch_id)
+        # Locked: a cancel (a conditional UPDATE, outside the pool's lock) committed
+        # after this read would otherwise leave the chunks and the reservation behind.
+        batch = Batch.objects.select_for_update().get(id=batch_id)
         if batch.status != S.VALIDATING:  # cancelled while we read the file
             return batch
         if not intake.intake_reserve(batch_id=batch_id, requests=report.total):

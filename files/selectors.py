@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 from django.db.models import QuerySet
 
 from batchgen_site.errors import NotFound
+from files import storage
 from files.models import File
 
 
@@ -32,3 +35,13 @@ def file_list(*, purpose: str | None, order: str, after: str | None,
         if after:
             files = files.filter(id__lt=after)
     return files
+
+
+def file_bytes_path(*, file_id: str) -> Path | None:
+    """Where a file's bytes are, or None when the file is gone: its row deleted, or
+    its bytes removed from the storage path behind the server's back."""
+    storage_name = File.objects.filter(id=file_id).values_list("storage_name", flat=True).first()
+    if storage_name is None:
+        return None
+    path = storage.absolute(storage_name)
+    return path if path.exists() else None
