@@ -6,6 +6,7 @@ from django.db.models import Max, QuerySet, Sum
 
 from batches.intake import intake_reserved
 from batches.models import ACTIVE_STATUSES, Batch
+from batchgen_site.pagination import invalid_cursor
 from inference.selectors import live_workers
 
 
@@ -14,6 +15,9 @@ def batch_list(*, after: str | None, owner=None) -> QuerySet[Batch]:
     if owner is not None:
         batches = batches.filter(owner=owner)
     if after:
+        # Batches are never deleted, so a cursor an earlier page gave stays valid.
+        if not batches.filter(id=after).exists():
+            raise invalid_cursor(after, kind="batch")
         batches = batches.filter(id__lt=after)
     return batches
 

@@ -271,6 +271,27 @@ def test_list_pages_with_limit_and_after(api, three_batches):
     assert rest["first_id"] == rest["last_id"] == three_batches[0]
 
 
+@pytest.mark.parametrize("after", [
+    "batch_unknown",  # sorts after every id: the first page, before the fix
+    "batch_066188dde2cbcc4ad1538b7c",  # shaped like an id, but of no batch
+    "file-066188dde2cbcc4ad1538b7c",  # a file's id
+])
+def test_list_after_an_id_of_no_batch_is_400_not_the_first_page(api, three_batches, after):
+    error = assert_envelope(api.get("/v1/batches", {"after": after}), 400, param="after",
+                            code="invalid_cursor")
+
+    assert after in error["message"]
+
+
+def test_list_after_another_keys_batch_is_400_as_if_it_did_not_exist(api, three_batches):
+    from batchgen_site.auth import apikey_create
+
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {apikey_create(name='other')[1]}")
+
+    assert_envelope(api.get("/v1/batches", {"after": three_batches[1]}), 400, param="after",
+                    code="invalid_cursor")
+
+
 def test_empty_list(api):
     assert api.get("/v1/batches").json() == {
         "object": "list", "data": [], "has_more": False, "first_id": None, "last_id": None}

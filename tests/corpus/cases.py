@@ -510,12 +510,22 @@ def _id_request(method: str, template: str, code: str, param: str, name: str,
                    template.replace("{id}", raw_id), expected)
 
 
+STALE_CURSOR = Refused(400, "invalid_cursor", "after")
+
 REQUESTS: list[Request] = [
     _id_request(method, template, code, param, name, raw_id)
     for method, template, code, param in ENDPOINTS
     for name, raw_id in HOSTILE_IDS
 ] + [
-    Request("files_after_sql", "GET", "/v1/files?after=%27%20OR%201%3D1--", Answered()),
+    # A cursor that names no object is refused, never answered with the first page.
+    Request("files_after_sql", "GET", "/v1/files?after=%27%20OR%201%3D1--", STALE_CURSOR),
+    Request("files_after_unknown_id", "GET", "/v1/files?after=file-zzz", STALE_CURSOR),
+    Request("files_after_an_id_from_the_future", "GET",
+            "/v1/files?after=file-ffffffffffffff0000000000", STALE_CURSOR),
+    Request("files_after_a_batch_id", "GET", "/v1/files?after=batch_066188dde2cbcc4ad1538b7c",
+            STALE_CURSOR),
+    Request("files_after_a_past_file_id", "GET",  # a deleted file's place: answered
+            "/v1/files?after=file-066188dde2cbcc4ad1538b7c", Answered()),
     Request("files_after_nul", "GET", "/v1/files?after=a%00", Refused(400, param="after")),
     Request("files_after_too_long", "GET", "/v1/files?after=" + "a" * 100,
             Refused(400, "max_length", "after")),
@@ -523,7 +533,10 @@ REQUESTS: list[Request] = [
             Refused(400, param="limit")),
     Request("files_limit_negative", "GET", "/v1/files?limit=-1", Refused(400, param="limit")),
     Request("files_order_sql", "GET", "/v1/files?order=id%3B--", Refused(400, param="order")),
-    Request("batches_after_sql", "GET", "/v1/batches?after=%27%20OR%201%3D1--", Answered()),
+    Request("batches_after_sql", "GET", "/v1/batches?after=%27%20OR%201%3D1--", STALE_CURSOR),
+    Request("batches_after_unknown_id", "GET", "/v1/batches?after=batch_unknown", STALE_CURSOR),
+    Request("batches_after_an_id_of_no_batch", "GET",
+            "/v1/batches?after=batch_066188dde2cbcc4ad1538b7c", STALE_CURSOR),
     Request("batches_after_nul", "GET", "/v1/batches?after=%00", Refused(400, param="after")),
     Request("batches_limit_float", "GET", "/v1/batches?limit=2.5", Refused(400,
                                                                             param="limit")),
