@@ -21,7 +21,7 @@ from batchgen_site.pagination import list_page
 from batchgen_site.parsers import JSONParser
 from batchgen_site.representation import represent
 from files import storage
-from files.incremental import read_range, whole_lines_end
+from files.incremental import enclosing_line, read_range, whole_lines_end
 from files.views import IgnoreClientContentNegotiation
 from inference.model_info import served_model
 
@@ -93,6 +93,13 @@ class BatchOutputView(APIView):
         if offset > end:
             raise BatchGenError(f"offset {offset} is past the {end} bytes written so far.",
                                 param="offset")
+        line = enclosing_line(path, offset) if offset < end else None
+        if line is not None:
+            # Answering from here would start with the torn tail of a line.
+            raise BatchGenError(
+                f"offset {offset} is inside a line; the nearest lines start at {line[0]} and "
+                f"{line[1]}. Resume from the X-Next-Offset of the previous answer.",
+                param="offset", code="offset_not_at_line_start")
         response = StreamingHttpResponse(read_range(path, offset, end) if end > offset else [],
                                          content_type="application/x-ndjson")
         response["X-Next-Offset"] = str(end)

@@ -477,3 +477,40 @@ def test_batch_json_round_trips_through_the_openai_sdk_shape(api, input_file, pu
     assert parsed.id == batch["id"]
     assert parsed.status == "validating"
     assert set(SdkBatch.model_fields) - {"usage"} <= set(batch)
+
+
+# --- output (the incremental file, from a byte offset) ---------------------------------
+
+LINES = [b'{"custom_id": "a"}\n', b'{"custom_id": "bb"}\n', b'{"custom_id": "ccc"}\n']
+
+
+@pytest.fixture
+def batch_with_output(api, input_file, published, storage) -> str:
+    batch_id = create(api, input_file_id=input_file["id"]).json()["id"]
+    # Two whole lines and the torn start of a third, as a writer mid-append leaves them.
+    (storage / "incremental" / f"{batch_id}.jsonl").write_bytes(
+        LINES[0] + LINES[1] + LINES[2][:5])
+    return batch_id
+
+
+def test_output_from_every_line_start_is_the_whole_lines_from_there(api, batch_with_output):
+    for offset, expected in [(0, LINES[0] + LINES[1]), (len(LINES[0]), LINES[1]),
+                             (len(LINES[0] + LINES[1]), b"")]:
+        response = api.get(f"/v1/batches/{batch_with_output}/output", {"offset": offset})
+
+        assert response.status_code == 200
+        assert b"".join(response.streaming_content) == expected
+        assert response["X-Next-Offset"] == str(len(LINES[0] + LINES[1]))
+
+
+@pytest.mark.parametrize("offset", [1, len(LINES[0]) - 1, len(LINES[0]) + 7])
+def test_output_from_an_offset_inside_a_line_is_400_naming_the_nearest_line_starts(
+        api, batch_with_output, offset):
+    line = 0 if offset < len(LINES[0]) else 1
+    start = len(b"".join(LINES[:line]))
+
+    error = assert_envelope(api.get(f"/v1/batches/{batch_with_output}/output",
+                                    {"offset": offset}), 400, param="offset",
+                            code="offset_not_at_line_start")
+
+    assert f"start at {start} and {start + len(LINES[line])}" in error["message"]
