@@ -15,12 +15,14 @@ from batches import intake
 from batches.dispatch import dispatch, starting_pass
 from batches.models import (
     ACTIVE_STATUSES,
+    ERRORS_SHOWN,
     Batch,
     BatchStatus,
     Chunk,
     ChunkStatus,
+    LineError,
 )
-from batches.validation import validate_file
+from batches.validation import ValidationReport, validate_file
 from batchgen_site.errors import BatchGenError, CapacityFull, NotFound, is_storage_full
 from batchgen_site.ids import new_id
 from files import storage
@@ -189,14 +191,7 @@ def batch_validate(*, batch_id: str) -> Batch:
                        "prepared; nothing was queued. Create it again once space is freed."})
         return batch_get(batch_id=batch_id)
     if report.invalid:
-        shown = len(report.errors)
-        more = f"; the first {shown} are listed in errors" if shown < report.invalid else ""
-        batch_transition(
-            batch_id=batch_id, to=S.FAILED,
-            error={"code": "invalid_input",
-                   "message": f"{report.invalid} input line(s) failed validation{more}."},
-            errors=report.errors,
-        )
+        batch_fail_invalid_input(batch_id=batch_id, report=report)
         return batch_get(batch_id=batch_id)
     if report.total == 0:
         batch_transition(batch_id=batch_id, to=S.FAILED,
@@ -230,6 +225,25 @@ def batch_validate(*, batch_id: str) -> Batch:
                          dispatch_pass=starting_pass(), grouped=report.grouped)
         transaction.on_commit(dispatch)
     return batch_get(batch_id=batch_id)
+
+
+def batch_fail_invalid_input(*, batch_id: str, report: ValidationReport) -> None:
+    """Fail a batch whose input has bad lines. The batch object carries the first
+    ERRORS_SHOWN (polls stay small); every error kept is a LineError row, paged by
+    GET /v1/batches/{id}/errors."""
+    shown, kept = report.errors[:ERRORS_SHOWN], len(report.errors)
+    where = "" if kept == len(shown) else (
+        f"; errors.data shows the first {len(shown)}, GET /v1/batches/{batch_id}/errors "
+        f"lists {'all' if kept == report.invalid else f'the first {kept}'}")
+    with transaction.atomic():
+        failed = batch_transition(
+            batch_id=batch_id, to=S.FAILED, errors=shown, line_errors_total=report.invalid,
+            error={"code": "invalid_input",
+                   "message": f"{report.invalid} input line(s) failed validation{where}."})
+        if failed:
+            LineError.objects.bulk_create(
+                [LineError(batch_id=batch_id, **error) for error in report.errors],
+                batch_size=1000)
 
 
 def publish_chunks(refs: list[tuple[str, int, int]]) -> None:

@@ -9,6 +9,8 @@ from rest_framework.views import APIView
 from batches import selectors, services
 from batches.serializers import (
     BatchCreateInputSerializer,
+    BatchLineErrorListSerializer,
+    BatchLineErrorsInputSerializer,
     BatchListInputSerializer,
     BatchListSerializer,
     BatchOutputInputSerializer,
@@ -105,6 +107,21 @@ class BatchOutputView(APIView):
         response["X-Next-Offset"] = str(end)
         response["X-Batch-Status"] = batch.status
         return response
+
+
+class BatchLineErrorsView(APIView):
+    """Every bad input line of a failed batch, a page at a time: the batch object
+    itself carries only the first ones, so a poll stays small."""
+
+    @extend_schema(parameters=[BatchLineErrorsInputSerializer],
+                   responses={200: BatchLineErrorListSerializer,
+                              **error_responses(400, 401, 404)},
+                   operation_id="batches_errors")
+    def get(self, request, batch_id: str):
+        batch = services.batch_get(batch_id=_batch_id(batch_id), owner=request_owner(request))
+        params = BatchLineErrorsInputSerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        return Response(selectors.batch_line_errors(batch=batch, **params.validated_data))
 
 
 class PoolStatusView(APIView):

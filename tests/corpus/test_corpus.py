@@ -88,7 +88,9 @@ def run_input_file(case: InputFile, api, settings, storage) -> None:
         assert batch["errors"] is None
         return
     assert batch["error"]["code"] == "invalid_input"
-    errors = batch["errors"]["data"]
+    errors = every_line_error(api, batch_id)
+    assert batch["errors"]["data"] == errors[:100]  # the batch object shows the first 100
+    assert batch["errors"]["total"] == getattr(expected, "invalid", len(errors))
     for error in errors:
         assert set(error) == {"code", "message", "line", "param"}
         assert isinstance(error["message"], str) and error["message"]
@@ -101,6 +103,18 @@ def run_input_file(case: InputFile, api, settings, storage) -> None:
     assert isinstance(expected, LineErrors)
     assert [(e["code"], e["line"], e["param"]) for e in errors] == list(expected.errors)
     assert max(len(e["message"]) for e in errors) <= expected.max_message_chars
+
+
+def every_line_error(api, batch_id: str) -> list[dict]:
+    """All the line errors of a failed batch, page by page (GET /v1/batches/{id}/errors)."""
+    errors: list[dict] = []
+    query: dict = {"limit": 3000}
+    while True:
+        page = api.get(f"/v1/batches/{batch_id}/errors", query).json()
+        errors += page["data"]
+        if not page["has_more"]:
+            return errors
+        query["after"] = page["data"][-1]["line"]
 
 
 def read_back(batch_id: str) -> list[str]:
