@@ -142,3 +142,24 @@ def test_cancel_and_validation_at_once_leave_a_cancelled_batch_holding_nothing(c
         assert answer.status_code == 200, answer.content
         assert isinstance(validated, Batch), validated
         assert settled(batch.id).status == S.CANCELLED
+
+
+def test_cancel_and_expiry_at_once_end_in_one_status_with_one_output_file(running_batch):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    for _ in range(TRIALS // 2):
+        batch = running_batch(4, chunk_size=1)
+        Batch.objects.filter(id=batch.id).update(expires_at=timezone.now() - timedelta(1))
+
+        answer, expired = at_once(cancel(batch.id), services.batches_expire)
+
+        done = settled(batch.id)
+        if answer.status_code == 200:
+            assert (done.status, expired) == (S.CANCELLED, 0)
+        else:
+            assert error_of(answer, 400)["code"] == "batch_not_cancellable"
+            assert (done.status, done.error["code"], expired) == (S.FAILED, "batch_failed", 1)
+        outputs = File.objects.filter(filename=f"{batch.id}_output.jsonl")
+        assert [f.id for f in outputs] == [done.output_file_id]
