@@ -512,6 +512,8 @@ def _id_request(method: str, template: str, code: str, param: str, name: str,
 
 
 STALE_CURSOR = Refused(400, "invalid_cursor", "after")
+# The output of a @BATCH_WITH_OUTPUT@: two whole lines.
+OUTPUT_LINES = b'{"custom_id": "a1"}\n{"custom_id": "a22"}\n'
 
 REQUESTS: list[Request] = [
     _id_request(method, template, code, param, name, raw_id)
@@ -553,6 +555,18 @@ REQUESTS: list[Request] = [
             Refused(400, param="after")),
     Request("errors_of_a_batch_without_bad_lines", "GET", "/v1/batches/@BATCH@/errors",
             Answered()),
+    # Offsets must start a line of the output (OUTPUT_LINES: lines of 20 and 21 bytes).
+    Request("output_offset_inside_the_first_line", "GET",
+            "/v1/batches/@BATCH_WITH_OUTPUT@/output?offset=5",
+            Refused(400, "offset_not_at_line_start", "offset")),
+    Request("output_offset_on_the_last_byte_of_a_line", "GET",
+            "/v1/batches/@BATCH_WITH_OUTPUT@/output?offset=19",
+            Refused(400, "offset_not_at_line_start", "offset")),
+    Request("output_offset_inside_the_last_line", "GET",
+            "/v1/batches/@BATCH_WITH_OUTPUT@/output?offset=30",
+            Refused(400, "offset_not_at_line_start", "offset")),
+    Request("output_offset_past_the_whole_lines", "GET",
+            "/v1/batches/@BATCH_WITH_OUTPUT@/output?offset=42", Refused(400, param="offset")),
     Request("output_offset_negative", "GET", "/v1/batches/@BATCH@/output?offset=-1",
             Refused(400, param="offset")),
     Request("output_offset_huge", "GET", "/v1/batches/@BATCH@/output?offset=" + "9" * 40,
@@ -560,3 +574,61 @@ REQUESTS: list[Request] = [
 ]
 
 ALL_CASES = [*INPUT_FILES, *UPLOADS, *CREATES, *REQUESTS]
+
+
+# --- races: two mutating calls on one object at the same moment -----------------------------
+
+
+@dataclass(frozen=True)
+class Call:
+    """An API call; `@FILE@` and `@BATCH@` stand for the race's file and batch."""
+
+    method: str
+    path: str
+    body: dict | None = None
+
+
+@dataclass(frozen=True)
+class Race:
+    """Two calls sent at once on threads of their own, `trials` times, each time on a
+    fresh `subject`: a good input `file`, a `validating` batch or a `running` one (with
+    its file). The two answers, as (status, error code or None), must be one of
+    `outcomes`: one call wins, the other gets a clear 4xx, never a 5xx."""
+
+    name: str
+    subject: str
+    calls: tuple[Call, Call]
+    outcomes: frozenset[tuple[tuple[int, str | None], tuple[int, str | None]]]
+    trials: int = 10
+
+
+OK = (200, None)
+
+
+def either_wins(winner_a: tuple, loser_b: tuple, winner_b: tuple, loser_a: tuple) -> frozenset:
+    return frozenset({(winner_a, loser_b), (loser_a, winner_b)})
+
+
+CREATE = Call("POST", "/v1/batches", {"input_file_id": "@FILE@"})
+DELETE_FILE = Call("DELETE", "/v1/files/@FILE@")
+CANCEL = Call("POST", "/v1/batches/@BATCH@/cancel")
+NOT_CANCELLABLE = (400, "batch_not_cancellable")
+
+RACES: list[Race] = [
+    Race("create_a_batch_and_delete_its_file", "file", (CREATE, DELETE_FILE),
+         either_wins(OK, (400, "file_in_use"), OK, (400, "invalid_input_file")), trials=20),
+    Race("create_two_batches_on_one_file", "file", (CREATE, CREATE),
+         either_wins(OK, (400, "duplicate_batch"), OK, (400, "duplicate_batch"))),
+    Race("delete_one_file_twice", "file", (DELETE_FILE, DELETE_FILE),
+         either_wins(OK, (404, "not_found"), OK, (404, "not_found"))),
+    Race("cancel_a_validating_batch_twice", "validating", (CANCEL, CANCEL),
+         either_wins(OK, NOT_CANCELLABLE, OK, NOT_CANCELLABLE)),
+    # The second cancel sees the first under way (200) or done (400).
+    Race("cancel_a_running_batch_twice", "running", (CANCEL, CANCEL),
+         frozenset({(OK, OK), (OK, NOT_CANCELLABLE), (NOT_CANCELLABLE, OK)})),
+    # The file is free once the batch is cancelled, not before.
+    Race("cancel_a_running_batch_and_delete_its_file", "running", (CANCEL, DELETE_FILE),
+         frozenset({(OK, OK), (OK, (400, "file_in_use"))})),
+    Race("cancel_a_validating_batch_and_create_another_on_its_file", "validating",
+         (CANCEL, CREATE), frozenset({(OK, OK), (OK, (400, "duplicate_batch"))})),
+]
