@@ -3,8 +3,9 @@ from __future__ import annotations
 from django.conf import settings
 from rest_framework import serializers
 
-from batches.models import Batch, Endpoint
+from batches.models import ERRORS_SHOWN, Batch, Endpoint
 from batches.params import SAMPLING_BOUNDS
+from batches.validation import MAX_LISTED_ERRORS
 from batchgen_site.pagination import list_envelope_serializer
 from files.serializers import UnixTimestampField
 from inference.model_info import served_model
@@ -139,7 +140,27 @@ class BatchErrorSerializer(serializers.Serializer):
 
 class BatchErrorsSerializer(serializers.Serializer):
     object = serializers.CharField(default="list")
-    data = BatchErrorSerializer(many=True)
+    data = BatchErrorSerializer(many=True, help_text=(
+        f"The first {ERRORS_SHOWN} bad input lines; GET /v1/batches/{{batch_id}}/errors "
+        "lists every one kept."))
+    total = serializers.IntegerField(help_text="How many input lines failed validation.")
+    has_more = serializers.BooleanField(help_text="Whether more failed than `data` shows.")
+
+
+class BatchLineErrorsInputSerializer(serializers.Serializer):
+    limit = serializers.IntegerField(min_value=1, max_value=MAX_LISTED_ERRORS, default=1000)
+    after = serializers.IntegerField(
+        min_value=0, max_value=MAX_INT, required=False,
+        help_text="A line number: the page starts after it (the `line` of the last error "
+                  "of the page before).")
+
+
+class BatchLineErrorListSerializer(serializers.Serializer):
+    object = serializers.CharField(default="list")
+    data = BatchErrorSerializer(many=True, help_text="Bad input lines, by line number.")
+    has_more = serializers.BooleanField()
+    total = serializers.IntegerField(help_text=(
+        f"How many input lines failed validation; the first {MAX_LISTED_ERRORS} are kept."))
 
 
 class BatchOutputSerializer(serializers.ModelSerializer):
@@ -185,7 +206,9 @@ class BatchOutputSerializer(serializers.ModelSerializer):
     def get_errors(self, obj) -> BatchErrorsSerializer(allow_null=True):
         if not obj.errors:
             return None
-        return {"object": "list", "data": obj.errors}
+        total = max(obj.line_errors_total, len(obj.errors))
+        return {"object": "list", "data": obj.errors, "total": total,
+                "has_more": total > len(obj.errors)}
 
 
 BatchListSerializer = list_envelope_serializer("BatchList", BatchOutputSerializer)

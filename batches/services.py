@@ -17,10 +17,12 @@ from batches.dispatch import dispatch, send_validate, starting_pass
 from batches.locks import lock_control
 from batches.models import (
     ACTIVE_STATUSES,
+    ERRORS_SHOWN,
     Batch,
     BatchStatus,
     Chunk,
     ControlLock,
+    LineError,
 )
 from batches.validation import ValidationReport, validate_file
 from batchgen_site.errors import BatchGenError, CapacityFull, NotFound, is_storage_full
@@ -29,7 +31,8 @@ from batchgen_site.transient import retry_transient
 from files import storage
 from files.incremental import repair_tail
 from files.models import File, FilePurpose
-from files.services import file_register_output
+from files.selectors import file_bytes_path
+from files.services import file_lock, file_register_output
 
 logger = logging.getLogger("batchgen.batches")
 
@@ -113,8 +116,9 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
                            retry_after=settings.BATCHGEN_RETRY_AFTER_SECONDS)
     with transaction.atomic():
         # The input file's row serialises concurrent creates on the same file (at
-        # most one becomes active) and a delete of it (batches.locks: File, then Batch).
-        if not File.objects.select_for_update().filter(id=input_file_id).exists():
+        # most one becomes active) and a delete of it (files.services.file_lock;
+        # batches.locks: File, then Batch).
+        if file_lock(file_id=input_file_id) is None:
             raise BatchGenError(f"No such file: {input_file_id}", param="input_file_id",
                                 code="invalid_input_file")
         if Batch.objects.filter(input_file_id=input_file_id, status__in=ACTIVE_STATUSES).exists():
@@ -150,15 +154,24 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
 def batch_validate(*, batch_id: str) -> Batch:
     """Validate the input in one streaming pass, then enqueue the whole batch or fail
     it. Nothing is queued unless every line is valid and all of it fits."""
-    batch = Batch.objects.select_related("input_file").get(id=batch_id)
+    # Not select_related: a join finds no batch when its input file is gone.
+    batch = Batch.objects.get(id=batch_id)
     if batch.status != S.VALIDATING:
         return batch
     Batch.objects.filter(id=batch_id).update(validation_started_at=timezone.now())
+    input_path = file_bytes_path(file_id=batch.input_file_id)
+    if input_path is None:
+        batch_transition(batch_id=batch_id, to=S.FAILED, error={
+            "code": "input_file_missing",
+            "message": f"The input file {batch.input_file_id} is gone (deleted, or its bytes "
+                       "removed from storage), so the batch cannot be validated; nothing was "
+                       "queued. Upload the file again and create a new batch."})
+        return batch_get(batch_id=batch_id)
     order_path = (storage.absolute(storage.order_name(batch_id))
                   if settings.BATCHGEN_PREFIX_GROUPING else None)
     try:
         report = validate_file(
-            storage.absolute(batch.input_file.storage_name),
+            input_path,
             endpoint=batch.endpoint,
             chunk_size=settings.BATCHGEN_CHUNK_SIZE,
             max_line_bytes=settings.BATCHGEN_MAX_LINE_BYTES,
@@ -178,14 +191,7 @@ def batch_validate(*, batch_id: str) -> Batch:
                        "prepared; nothing was queued. Create it again once space is freed."})
         return batch_get(batch_id=batch_id)
     if report.invalid:
-        shown = len(report.errors)
-        more = f"; the first {shown} are listed in errors" if shown < report.invalid else ""
-        batch_transition(
-            batch_id=batch_id, to=S.FAILED,
-            error={"code": "invalid_input",
-                   "message": f"{report.invalid} input line(s) failed validation{more}."},
-            errors=report.errors,
-        )
+        batch_fail_invalid_input(batch_id=batch_id, report=report)
         return batch_get(batch_id=batch_id)
     if report.total == 0:
         batch_transition(batch_id=batch_id, to=S.FAILED,
@@ -224,6 +230,27 @@ def _admit(*, batch_id: str, report: ValidationReport) -> None:
         batch_transition(batch_id=batch_id, to=S.IN_PROGRESS, total=report.total,
                          dispatch_pass=starting_pass(), grouped=report.grouped)
         transaction.on_commit(dispatch)
+    return batch_get(batch_id=batch_id)
+
+
+def batch_fail_invalid_input(*, batch_id: str, report: ValidationReport) -> None:
+    """Fail a batch whose input has bad lines. The batch object carries the first
+    ERRORS_SHOWN (polls stay small); every error kept is a LineError row, paged by
+    GET /v1/batches/{id}/errors."""
+    shown, kept = report.errors[:ERRORS_SHOWN], len(report.errors)
+    where = "" if kept == len(shown) else (
+        f"; errors.data shows the first {len(shown)}, GET /v1/batches/{batch_id}/errors "
+        f"lists {'all' if kept == report.invalid else f'the first {kept}'}")
+    with transaction.atomic():
+        failed = batch_transition(
+            batch_id=batch_id, to=S.FAILED, errors=shown, line_errors_total=report.invalid,
+            error={"code": "invalid_input",
+                   "message": f"{report.invalid} input line(s) failed validation{where}."})
+        if failed:
+            LineError.objects.bulk_create(
+                [LineError(batch_id=batch_id, **error) for error in report.errors],
+                batch_size=1000)
+
 
 
 # --- cancel, settle, finalize, expire -------------------------------------------------

@@ -70,6 +70,10 @@ BATCHGEN_CHUNK_LEASE_SECONDS = env.int("BATCHGEN_CHUNK_LEASE_SECONDS", default=6
 # minutes to validate.
 BATCHGEN_VALIDATION_TIMEOUT_SECONDS = env.int("BATCHGEN_VALIDATION_TIMEOUT_SECONDS",
                                               default=600)
+# Recovery runs a lost validation again at most this many times, then fails the batch
+# (`validation_failed`) rather than retrying for good: with the default timeout a
+# validation must finish within an hour, ample for a 10 GiB input.
+BATCHGEN_VALIDATION_MAX_RESTARTS = env.int("BATCHGEN_VALIDATION_MAX_RESTARTS", default=5)
 # A worker is alive while its heartbeat is younger than this.
 BATCHGEN_WORKER_TTL_SECONDS = env.int("BATCHGEN_WORKER_TTL_SECONDS", default=30)
 BATCHGEN_HEARTBEAT_SECONDS = env.float("BATCHGEN_HEARTBEAT_SECONDS", default=2.0)

@@ -6,6 +6,7 @@ from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 from batches.views import (
     BatchCancelView,
     BatchDetailView,
+    BatchLineErrorsView,
     BatchListCreateView,
     BatchOutputView,
 )
@@ -26,6 +27,7 @@ urlpatterns = [
     path("v1/batches/<str:batch_id>", BatchDetailView.as_view(), name="batch-detail"),
     path("v1/batches/<str:batch_id>/cancel", BatchCancelView.as_view(), name="batch-cancel"),
     path("v1/batches/<str:batch_id>/output", BatchOutputView.as_view(), name="batch-output"),
+    path("v1/batches/<str:batch_id>/errors", BatchLineErrorsView.as_view(), name="batch-errors"),
     path("v1/pool/status", PoolStatusView.as_view(), name="pool-status"),
     path("v1/openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
     path("docs", SpectacularSwaggerView.as_view(url_name="openapi"), name="docs"),

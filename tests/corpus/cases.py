@@ -562,6 +562,7 @@ ENDPOINTS = [
     ("GET", "/v1/batches/{id}", "not_found", "batch_id"),
     ("POST", "/v1/batches/{id}/cancel", "not_found", "batch_id"),
     ("GET", "/v1/batches/{id}/output", "not_found", "batch_id"),
+    ("GET", "/v1/batches/{id}/errors", "not_found", "batch_id"),
     ("GET", "/v1/models/{id}", "model_not_found", "model"),
 ]
 
@@ -580,12 +581,24 @@ def _id_request(method: str, template: str, code: str, param: str, name: str,
                    template.replace("{id}", raw_id), expected)
 
 
+STALE_CURSOR = Refused(400, "invalid_cursor", "after")
+# The output of a @BATCH_WITH_OUTPUT@: two whole lines.
+OUTPUT_LINES = b'{"custom_id": "a1"}\n{"custom_id": "a22"}\n'
+
 REQUESTS: list[Request] = [
     _id_request(method, template, code, param, name, raw_id)
     for method, template, code, param in ENDPOINTS
     for name, raw_id in HOSTILE_IDS
 ] + [
-    Request("files_after_sql", "GET", "/v1/files?after=%27%20OR%201%3D1--", Answered()),
+    # A cursor that names no object is refused, never answered with the first page.
+    Request("files_after_sql", "GET", "/v1/files?after=%27%20OR%201%3D1--", STALE_CURSOR),
+    Request("files_after_unknown_id", "GET", "/v1/files?after=file-zzz", STALE_CURSOR),
+    Request("files_after_an_id_from_the_future", "GET",
+            "/v1/files?after=file-ffffffffffffff0000000000", STALE_CURSOR),
+    Request("files_after_a_batch_id", "GET", "/v1/files?after=batch_066188dde2cbcc4ad1538b7c",
+            STALE_CURSOR),
+    Request("files_after_a_past_file_id", "GET",  # a deleted file's place: answered
+            "/v1/files?after=file-066188dde2cbcc4ad1538b7c", Answered()),
     Request("files_after_nul", "GET", "/v1/files?after=a%00", Refused(400, param="after")),
     Request("files_after_too_long", "GET", "/v1/files?after=" + "a" * 100,
             Refused(400, "max_length", "after")),
@@ -593,10 +606,37 @@ REQUESTS: list[Request] = [
             Refused(400, param="limit")),
     Request("files_limit_negative", "GET", "/v1/files?limit=-1", Refused(400, param="limit")),
     Request("files_order_sql", "GET", "/v1/files?order=id%3B--", Refused(400, param="order")),
-    Request("batches_after_sql", "GET", "/v1/batches?after=%27%20OR%201%3D1--", Answered()),
+    Request("batches_after_sql", "GET", "/v1/batches?after=%27%20OR%201%3D1--", STALE_CURSOR),
+    Request("batches_after_unknown_id", "GET", "/v1/batches?after=batch_unknown", STALE_CURSOR),
+    Request("batches_after_an_id_of_no_batch", "GET",
+            "/v1/batches?after=batch_066188dde2cbcc4ad1538b7c", STALE_CURSOR),
     Request("batches_after_nul", "GET", "/v1/batches?after=%00", Refused(400, param="after")),
     Request("batches_limit_float", "GET", "/v1/batches?limit=2.5", Refused(400,
                                                                             param="limit")),
+    Request("errors_limit_zero", "GET", "/v1/batches/@BATCH@/errors?limit=0",
+            Refused(400, "min_value", "limit")),
+    Request("errors_limit_over_the_kept_errors", "GET",
+            "/v1/batches/@BATCH@/errors?limit=10001", Refused(400, "max_value", "limit")),
+    Request("errors_after_a_negative_line", "GET", "/v1/batches/@BATCH@/errors?after=-1",
+            Refused(400, "min_value", "after")),
+    Request("errors_after_not_a_line_number", "GET",
+            "/v1/batches/@BATCH@/errors?after=batch_x", Refused(400, None, "after")),
+    Request("errors_after_sql", "GET", "/v1/batches/@BATCH@/errors?after=1%20OR%201%3D1",
+            Refused(400, param="after")),
+    Request("errors_of_a_batch_without_bad_lines", "GET", "/v1/batches/@BATCH@/errors",
+            Answered()),
+    # Offsets must start a line of the output (OUTPUT_LINES: lines of 20 and 21 bytes).
+    Request("output_offset_inside_the_first_line", "GET",
+            "/v1/batches/@BATCH_WITH_OUTPUT@/output?offset=5",
+            Refused(400, "offset_not_at_line_start", "offset")),
+    Request("output_offset_on_the_last_byte_of_a_line", "GET",
+            "/v1/batches/@BATCH_WITH_OUTPUT@/output?offset=19",
+            Refused(400, "offset_not_at_line_start", "offset")),
+    Request("output_offset_inside_the_last_line", "GET",
+            "/v1/batches/@BATCH_WITH_OUTPUT@/output?offset=30",
+            Refused(400, "offset_not_at_line_start", "offset")),
+    Request("output_offset_past_the_whole_lines", "GET",
+            "/v1/batches/@BATCH_WITH_OUTPUT@/output?offset=42", Refused(400, param="offset")),
     Request("output_offset_negative", "GET", "/v1/batches/@BATCH@/output?offset=-1",
             Refused(400, param="offset")),
     Request("output_offset_huge", "GET", "/v1/batches/@BATCH@/output?offset=" + "9" * 40,
@@ -604,3 +644,61 @@ REQUESTS: list[Request] = [
 ]
 
 ALL_CASES = [*INPUT_FILES, *UPLOADS, *CREATES, *REQUESTS]
+
+
+# --- races: two mutating calls on one object at the same moment -----------------------------
+
+
+@dataclass(frozen=True)
+class Call:
+    """An API call; `@FILE@` and `@BATCH@` stand for the race's file and batch."""
+
+    method: str
+    path: str
+    body: dict | None = None
+
+
+@dataclass(frozen=True)
+class Race:
+    """Two calls sent at once on threads of their own, `trials` times, each time on a
+    fresh `subject`: a good input `file`, a `validating` batch or a `running` one (with
+    its file). The two answers, as (status, error code or None), must be one of
+    `outcomes`: one call wins, the other gets a clear 4xx, never a 5xx."""
+
+    name: str
+    subject: str
+    calls: tuple[Call, Call]
+    outcomes: frozenset[tuple[tuple[int, str | None], tuple[int, str | None]]]
+    trials: int = 10
+
+
+OK = (200, None)
+
+
+def either_wins(winner_a: tuple, loser_b: tuple, winner_b: tuple, loser_a: tuple) -> frozenset:
+    return frozenset({(winner_a, loser_b), (loser_a, winner_b)})
+
+
+CREATE = Call("POST", "/v1/batches", {"input_file_id": "@FILE@"})
+DELETE_FILE = Call("DELETE", "/v1/files/@FILE@")
+CANCEL = Call("POST", "/v1/batches/@BATCH@/cancel")
+NOT_CANCELLABLE = (400, "batch_not_cancellable")
+
+RACES: list[Race] = [
+    Race("create_a_batch_and_delete_its_file", "file", (CREATE, DELETE_FILE),
+         either_wins(OK, (400, "file_in_use"), OK, (400, "invalid_input_file")), trials=20),
+    Race("create_two_batches_on_one_file", "file", (CREATE, CREATE),
+         either_wins(OK, (400, "duplicate_batch"), OK, (400, "duplicate_batch"))),
+    Race("delete_one_file_twice", "file", (DELETE_FILE, DELETE_FILE),
+         either_wins(OK, (404, "not_found"), OK, (404, "not_found"))),
+    Race("cancel_a_validating_batch_twice", "validating", (CANCEL, CANCEL),
+         either_wins(OK, NOT_CANCELLABLE, OK, NOT_CANCELLABLE)),
+    # The second cancel sees the first under way (200) or done (400).
+    Race("cancel_a_running_batch_twice", "running", (CANCEL, CANCEL),
+         frozenset({(OK, OK), (OK, NOT_CANCELLABLE), (NOT_CANCELLABLE, OK)})),
+    # The file is free once the batch is cancelled, not before.
+    Race("cancel_a_running_batch_and_delete_its_file", "running", (CANCEL, DELETE_FILE),
+         frozenset({(OK, OK), (OK, (400, "file_in_use"))})),
+    Race("cancel_a_validating_batch_and_create_another_on_its_file", "validating",
+         (CANCEL, CREATE), frozenset({(OK, OK), (OK, (400, "duplicate_batch"))})),
+]

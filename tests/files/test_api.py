@@ -337,6 +337,30 @@ def test_list_pages_with_limit_and_after_in_both_orders(api, three_uploads):
     assert ascending["has_more"] is False
 
 
+@pytest.mark.parametrize("order", ["desc", "asc"])
+def test_list_after_a_file_deleted_since_goes_on_from_where_it_was(api, three_uploads, order):
+    # Listing and deleting page by page: the cursor's file is gone by the next page.
+    first = api.get("/v1/files", {"limit": 1, "order": order}).json()
+    assert api.delete(f"/v1/files/{first['last_id']}").status_code == 200
+
+    rest = api.get("/v1/files", {"after": first["last_id"], "order": order}).json()
+
+    expected = three_uploads[1::-1] if order == "desc" else three_uploads[1:]
+    assert [f["id"] for f in rest["data"]] == expected
+
+
+@pytest.mark.parametrize("after", [
+    "file-unknown",  # sorts after every id: the first page, before the fix
+    "file-ffffffffffffff0000000000",  # shaped like an id, issued in the far future
+    "batch_066188dde2cbcc4ad1538b7c",  # a batch's id
+])
+def test_list_after_an_id_of_no_file_is_400_not_the_first_page(api, three_uploads, after):
+    error = assert_envelope(api.get("/v1/files", {"after": after}), 400, param="after",
+                            code="invalid_cursor")
+
+    assert after in error["message"]
+
+
 def test_list_filters_by_purpose(api, upload):
     uploaded = upload(CONTENT)["id"]
     output = file_register_output(batch_id="batch_0000000000000000000000").id

@@ -12,7 +12,7 @@ def create_locks(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('batches', '0005_prefix_grouping'),
+        ('batches', '0007_line_errors'),
         ('batchgen_site', '0001_api_keys'),
         ('files', '0002_api_keys'),
     ]
