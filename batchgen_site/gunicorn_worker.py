@@ -40,14 +40,23 @@ from batchgen_site.config import server_setting
 logger = logging.getLogger("batchgen.web")
 
 
+class ClientTooSlow(ConnectionResetError):
+    """Raised by a read from a client past its deadline. A connection reset to
+    gunicorn, which then closes the connection without a traceback; an unreadable
+    body to Django, which the API answers 400 (`parse_error`)."""
+
+    def __init__(self):
+        super().__init__(errno.ECONNRESET, "the client sent too little, too slowly "
+                         "(BATCHGEN_CLIENT_TIMEOUT_SECONDS, BATCHGEN_CLIENT_MIN_BYTES_PER_SECOND)")
+
+
 class ClientSocket(socket.socket):
     """A client connection whose reads give up on a client that stalls or trickles.
 
     Each time a worker thread takes the connection (gthread sets it blocking then)
     the clock starts again: the request must then arrive with no pause longer than
     `timeout` seconds and, after the first `timeout` seconds, at `min_rate` bytes a
-    second on average. A client past either limit reads as closed (b""), so gunicorn
-    and Django end the request as they do for a client that disconnected.
+    second on average. A read past either limit raises ClientTooSlow.
     """
 
     timeout_seconds: float = 30.0
@@ -89,16 +98,18 @@ class ClientSocket(socket.socket):
 
     def recv(self, size: int, flags: int = 0) -> bytes:
         timeout = self.gettimeout()
+        if self.gave_up:
+            raise ClientTooSlow()
         if timeout != 0.0:  # a blocking read: bounded by the deadline
-            waiting = not (self.gave_up or self.closing)
-            limit = self._wait_limit() if waiting else 0.0
+            limit = 0.0 if self.closing else self._wait_limit()
             # gunicorn sets a shorter timeout of its own to drain a body the
             # application left unread: that one raises as gunicorn expects.
             if timeout is None or limit <= timeout:
                 if not self._readable_within(max(limit, 0.0)):
-                    if waiting:
-                        self._give_up()
-                    return b""
+                    if self.closing:
+                        return b""
+                    self._give_up()
+                    raise ClientTooSlow()
         data = super().recv(size, flags)
         self._received += len(data)
         return data

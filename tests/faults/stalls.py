@@ -39,8 +39,9 @@ def open_stalled_uploads(port: int, count: int, *, api_key: str | None = None
     return sockets
 
 
-def closed_by_server(sock: socket.socket) -> bool:
-    """Whether the server has closed this connection (whatever it answered first)."""
+def closed_by_server(sock: socket.socket, answers: dict | None = None) -> bool:
+    """Whether the server has closed this connection; what it answered first is
+    added to `answers[sock]`."""
     readable, _, _ = select.select([sock], [], [], 0)
     if not readable:
         return False
@@ -48,6 +49,8 @@ def closed_by_server(sock: socket.socket) -> bool:
         while True:
             sock.setblocking(False)
             data = sock.recv(65536)
+            if answers is not None:
+                answers[sock] = answers.get(sock, b"") + data
             if not data:
                 return True
     except BlockingIOError:
@@ -56,13 +59,14 @@ def closed_by_server(sock: socket.socket) -> bool:
         return True  # reset
 
 
-def wait_all_closed(sockets: list[socket.socket], *, timeout: float) -> float | None:
+def wait_all_closed(sockets: list[socket.socket], *, timeout: float,
+                    answers: dict | None = None) -> float | None:
     """Seconds until the server closed every socket, or None if some were still open
-    after `timeout`."""
+    after `timeout`. What each got is added to `answers`."""
     start = time.monotonic()
     open_ = list(sockets)
     while open_ and time.monotonic() - start < timeout:
-        open_ = [sock for sock in open_ if not closed_by_server(sock)]
+        open_ = [sock for sock in open_ if not closed_by_server(sock, answers)]
         if open_:
             select.select(open_, [], [], 0.5)
     return None if open_ else time.monotonic() - start

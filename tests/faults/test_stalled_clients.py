@@ -3,6 +3,8 @@ hold no thread the polls need, and their connections are closed after the deadli
 
 from __future__ import annotations
 
+import collections
+import json
 import socket
 import subprocess
 import sys
@@ -20,6 +22,12 @@ from tests.faults.stalls import (
 STALLS = 64
 DEADLINE = 3  # BATCHGEN_CLIENT_TIMEOUT_SECONDS in these tests (default 30)
 PROMPT = 2.0  # seconds a poll may take on this loaded two-core machine
+UPLOAD_THREADS = 4  # BATCHGEN_WEB_UPLOAD_THREADS (the default), one web process
+
+
+def status_and_code(answer: bytes) -> tuple[int, str]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)["error"]["code"]
 
 
 def create_api_key(server) -> str:
@@ -41,13 +49,18 @@ def test_polls_answer_promptly_while_64_uploads_stall_and_the_stalls_are_closed(
                               timeout=10, api_key=key)
 
         # Then: every poll is answered at once, and the server closes every stalled
-        # connection soon after the deadline (each got a 400 or a 503 first)
+        # connection soon after the deadline: those it was reading got a 400 once it
+        # gave up on them, the others a 503 at once, each in the error envelope
         assert [p.status for p in polls] == [200] * 10
         assert max(p.seconds for p in polls) < PROMPT, polls
-        closed_after = wait_all_closed(stalled, timeout=DEADLINE + 20)
+        answers: dict = {}
+        closed_after = wait_all_closed(stalled, timeout=DEADLINE + 20, answers=answers)
         assert closed_after is not None, "stalled connections still open"
     finally:
         close_all(stalled)
+    statuses = collections.Counter(status_and_code(answer) for answer in answers.values())
+    assert set(statuses) == {(400, "parse_error"), (503, "server_busy")}, statuses
+    assert statuses[400, "parse_error"] == UPLOAD_THREADS
     log = server.log(tail=100_000)
     assert "closing a connection from 127.0.0.1" in log
     assert "Traceback" not in log
