@@ -4,19 +4,22 @@ open port. Set by batchgen_site/gunicorn_conf.py.
 A thread of gthread reads a request with blocking socket calls, head and body, with
 no time limit: a client that sends the head of an upload and then nothing held a
 thread for good, and a handful of them left no thread for `/health` or the polls
-(issue 13). Three things here keep slow and stalled clients from doing that:
+(issue 13; figures in docs/benchmarks.md, "slow_clients.py"). What keeps slow and
+stalled clients from doing that here:
 
 - A deadline for every read from a client while a thread serves it: nothing for
-  `client_timeout` seconds, or less than `client_min_rate` bytes a second on
-  average after the first `client_timeout` seconds, and the client is treated as
-  gone (its connection is closed, a warning logged). `ClientSocket`.
-- Requests that carry a body (uploads, batch creates) may hold at most
-  `upload_threads` threads of a process at once, in threads added for them: a
-  request with a body beyond that is answered 503 at once, so stalled or slow
-  uploads can never take the threads polls are served by.
-- gunicorn's own refusals (414 URI too long, 431 headers too large, 400 bad request
-  line...) are the OpenAI error envelope, like every other error of the API, not
-  gunicorn's HTML page.
+  BATCHGEN_CLIENT_TIMEOUT_SECONDS, or under BATCHGEN_CLIENT_MIN_BYTES_PER_SECOND on
+  average after that long, and the client is given up (`ClientSocket`): its request
+  ends, its connection is closed, one warning is logged.
+- Requests that carry a body (uploads, batch creates) are read by at most
+  BATCHGEN_WEB_UPLOAD_THREADS threads of a process, added for them; one more is
+  answered 503 at once, so uploads never take the threads polls are served by.
+- A new connection waits for its first bytes in the worker's poller, not in a thread,
+  and closing a connection does not wait for the client in the worker's main loop.
+
+And gunicorn's own refusals (414 URI too long, 431 headers too large, 400 bad request
+line...) are the OpenAI error envelope, like every other error of the API, not
+gunicorn's HTML page.
 """
 
 from __future__ import annotations
