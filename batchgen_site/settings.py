@@ -236,7 +236,10 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"client_faults_as_warnings": {
+        "()": "batchgen_site.log_filters.ClientFaultsAsWarnings"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
+                             "filters": ["client_faults_as_warnings"]}},
     "root": {"handlers": ["console"], "level": env("BATCHGEN_LOG_LEVEL", default="INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }

@@ -15,6 +15,7 @@ No case may answer 5xx; every refusal is in the OpenAI error envelope.
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,9 +53,11 @@ class Refused:
 
 @dataclass(frozen=True)
 class Answered:
-    """Accepted: a 2xx (a hostile cursor that matches nothing, say)."""
+    """Accepted: a 2xx whose JSON is an object of this kind (a hostile cursor that
+    matches nothing gets a "list", a chunked upload a "file")."""
 
     status: int = 200
+    object: str = "list"
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,28 @@ class Request:
     method: str
     path: str
     expected: Refused | Answered
+
+
+@dataclass(frozen=True)
+class RawHttp:
+    """Bytes sent as they are to a real server (`test_corpus_http.py`): what the web
+    server parses before Django does (request line, headers, chunked framing).
+    `@FILE@` in the body stands for the id of a valid input file."""
+
+    name: str
+    head: str  # the request line and headers, one a line; Host is added
+    expected: Refused | Answered
+    body: Callable[[], bytes] = lambda: b""
+    chunk_size: int | None = None  # sent with Transfer-Encoding: chunked, in such pieces
+
+    def request(self, file_id: str = "") -> bytes:
+        lines = self.head.split("\n")
+        head = "\r\n".join([lines[0], "Host: 127.0.0.1", *lines[1:]]) + "\r\n\r\n"
+        body = self.body().replace(b"@FILE@", file_id.encode())
+        if self.chunk_size:
+            pieces = [body[i:i + self.chunk_size] for i in range(0, len(body), self.chunk_size)]
+            body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+        return head.encode("latin-1") + body
 
 
 def from_file(name: str) -> Callable[[], bytes]:
@@ -642,6 +667,72 @@ REQUESTS: list[Request] = [
     Request("output_offset_huge", "GET", "/v1/batches/@BATCH@/output?offset=" + "9" * 40,
             Refused(400, param="offset")),
 ]
+
+
+
+# --- raw HTTP, as the web server reads it -----------------------------------------------------
+
+
+_UPLOAD_HEAD = f"POST /v1/files HTTP/1.1\nContent-Type: {MULTIPART}"
+_CREATE_HEAD = "POST /v1/batches HTTP/1.1\nContent-Type: application/json"
+_CHUNKED = "\nTransfer-Encoding: chunked"
+
+
+def _upload_of(content: bytes) -> Callable[[], bytes]:
+    return lambda: multipart(fields={"purpose": "batch"}, files=[("file", "in.jsonl", content)])
+
+
+RAW_HTTP: list[RawHttp] = [
+    # gunicorn's own refusals, in the envelope (they were gunicorn's HTML pages).
+    RawHttp("url_of_10000_characters", f"GET /v1/files/{'i' * 10_000} HTTP/1.1",
+            Refused(414, "uri_too_long")),
+    RawHttp("request_line_garbage", "HELLO", Refused(400, "bad_request")),
+    RawHttp("request_line_without_version", "GET /health", Refused(400, "bad_request")),
+    RawHttp("http_version_9", "GET /health HTTP/9.9", Refused(400, "bad_request")),
+    RawHttp("method_lowercase", "get /health HTTP/1.1", Refused(400, "bad_request")),
+    RawHttp("header_of_9000_bytes", f"GET /health HTTP/1.1\nX-Big: {'b' * 9000}",
+            Refused(431, "headers_too_large")),
+    RawHttp("header_fields_101", "GET /health HTTP/1.1\n" + "\n".join(
+        f"X-H{i}: v" for i in range(101)), Refused(431, "headers_too_large")),
+    RawHttp("header_name_with_a_space", "GET /health HTTP/1.1\nBad Name: v",
+            Refused(400, "bad_request")),
+    # gunicorn answered nothing at all to this one (its access log raised).
+    RawHttp("content_length_not_a_number", f"{_CREATE_HEAD}\nContent-Length: ten",
+            Refused(400, "bad_request")),
+    RawHttp("content_length_and_chunked", f"{_CREATE_HEAD}\nContent-Length: 5{_CHUNKED}",
+            Refused(400, "bad_request"), _raw(b"{}"), chunk_size=100),
+    RawHttp("transfer_encoding_unknown", f"{_CREATE_HEAD}\nTransfer-Encoding: foo, chunked",
+            Refused(501, "not_implemented"), _raw(b"{}"), chunk_size=100),
+    # gunicorn passes gzip on, compressed; Django read it as garbage.
+    RawHttp("transfer_encoding_gzip", f"{_CREATE_HEAD}\nTransfer-Encoding: gzip, chunked",
+            Refused(501, "not_implemented"), lambda: gzip.compress(b"{}"), chunk_size=100),
+    # Chunked bodies: read like any other, within the same limits (they were read as
+    # empty: "No file was submitted", "input_file_id: This field is required").
+    RawHttp("chunked_upload", _UPLOAD_HEAD + _CHUNKED, Answered(200, "file"),
+            _upload_of(GOOD_LINE), chunk_size=100),
+    RawHttp("chunked_batch_create", _CREATE_HEAD + _CHUNKED, Answered(200, "batch"),
+            _with_file(endpoint=CHAT), chunk_size=10),
+    RawHttp("chunked_batch_create_without_a_file", _CREATE_HEAD + _CHUNKED,
+            Refused(400, "required", "input_file_id"), _json({"endpoint": CHAT}),
+            chunk_size=10),
+    RawHttp("chunked_upload_without_a_file", _UPLOAD_HEAD + _CHUNKED,
+            Refused(400, "required", "file"), lambda: multipart(fields={"purpose": "batch"}),
+            chunk_size=100),
+    RawHttp("chunked_json_over_the_body_limit", _CREATE_HEAD + _CHUNKED,
+            Refused(413, "request_too_large"),
+            _json({"input_file_id": "@FILE@", "metadata": {"k": "v" * (2 * MiB + 1)}}),
+            chunk_size=64 * 1024),
+    # The runner's server allows uploads of RAW_HTTP_MAX_UPLOAD_BYTES.
+    RawHttp("chunked_upload_over_the_upload_limit", _UPLOAD_HEAD + _CHUNKED,
+            Refused(413, "file_too_large", "file"),
+            _upload_of(GOOD_LINE * (MiB // len(GOOD_LINE) + 1000)), chunk_size=64 * 1024),
+    RawHttp("chunked_bad_chunk_size", _CREATE_HEAD + _CHUNKED, Refused(400, "parse_error"),
+            _raw(b"zz\r\n{}\r\n0\r\n\r\n")),
+    RawHttp("chunked_upload_with_a_bad_chunk_size", _UPLOAD_HEAD + _CHUNKED,
+            Refused(400, "parse_error"),
+            lambda: b"64\r\n" + _upload_of(GOOD_LINE)()[:100] + b"\r\nzz\r\nxx\r\n0\r\n\r\n"),
+]
+RAW_HTTP_MAX_UPLOAD_BYTES = MiB
 
 ALL_CASES = [*INPUT_FILES, *UPLOADS, *CREATES, *REQUESTS]
 

@@ -181,7 +181,7 @@ def run_request(case: Request, api, settings, storage) -> None:
 
     if isinstance(case.expected, Answered):
         assert response.status_code == case.expected.status, response.content[:500]
-        assert response.json()["object"] == "list"
+        assert response.json()["object"] == case.expected.object
     else:
         check_refused(response, case.expected)
 
