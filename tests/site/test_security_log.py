@@ -46,3 +46,25 @@ def test_errors_of_the_server_keep_their_level_and_traceback(console):
 
     assert " ERROR batchgen.test something broke" in console.getvalue()
     assert "Traceback" in console.getvalue()
+
+
+def test_an_unhealthy_health_check_is_a_warning_not_an_error(api, console):
+    """No inference worker is alive here, so /health answers 503: BatchGen's answer,
+    not a crash, and logged below ERROR (the fleet tests fail on any ERROR line)."""
+    response = api.get("/health")
+
+    assert response.status_code == 503
+    assert " WARNING django.request Service Unavailable: /health" in console.getvalue()
+    assert " ERROR " not in console.getvalue()
+
+
+def test_a_server_error_response_is_still_logged_as_an_error(console):
+    from django.http import HttpRequest
+    from django.utils.log import log_response
+
+    request = HttpRequest()
+    request.path = "/v1/batches"
+    log_response("Internal Server Error: %s", request.path, response=type(
+        "Response", (), {"status_code": 500, "_has_been_logged": False})(), request=request)
+
+    assert " ERROR django.request Internal Server Error: /v1/batches" in console.getvalue()
