@@ -209,7 +209,10 @@ def chunks_flush(*, worker: str, progress: dict[int, Counts] | None = None,
                 .exclude(status=BatchStatus.IN_PROGRESS).values_list("id", flat=True))
         settled = batches_without_open_chunks(closed_batches)
         refs = [(rows[c][0], c, rows[c][4]) for c in released]
-        transaction.on_commit(lambda: _after_flush(settled, refs, bool(result.closed)))
+        # robust: once committed, the flush must not look failed to the worker (it
+        # would send its figures again); what fails here recovery and the tick cover.
+        transaction.on_commit(lambda: _after_flush(settled, refs, bool(result.closed)),
+                              robust=True)
     for chunk_id, status in result.closed.items():
         batch_id, count, *_, index = rows[chunk_id]
         logger.info("chunk closed batch_id=%s chunk=%s status=%s count=%s worker=%s",

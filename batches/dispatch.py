@@ -102,7 +102,9 @@ def dispatch(*, wait: bool = True) -> int:
         Chunk.objects.filter(id__in=still).update(status=ChunkStatus.QUEUED, published_at=None)
         for batch_id in lock_ids(Batch.objects.filter(id__in=advanced)):
             Batch.objects.filter(id=batch_id).update(dispatch_pass=advanced[batch_id])
-        transaction.on_commit(lambda: publish_chunks(refs))
+        # robust: the dispatch is committed whatever the broker does; chunks whose
+        # publish failed stay unpublished and recovery publishes them.
+        transaction.on_commit(lambda: publish_chunks(refs), robust=True)
     return len(refs)
 
 

@@ -229,7 +229,9 @@ def _admit(*, batch_id: str, report: ValidationReport) -> None:
         )
         batch_transition(batch_id=batch_id, to=S.IN_PROGRESS, total=report.total,
                          dispatch_pass=starting_pass(), grouped=report.grouped)
-        transaction.on_commit(dispatch)
+        # robust: the admission is committed; a dispatch that fails now is covered by
+        # the control worker's tick, and must not fail (and retry) the validation.
+        transaction.on_commit(dispatch, robust=True)
     return batch_get(batch_id=batch_id)
 
 

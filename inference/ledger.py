@@ -56,6 +56,15 @@ class ChunkLedger:
             with self._lock:
                 _add(self._progress, chunk_id, completed, failed)
 
+    def drop(self, chunk_id: int) -> None:
+        """The chunk's thread failed: stop renewing its lease (what it wrote is still
+        flushed), so recovery requeues it once the lease runs out, after a pause
+        that keeps a chunk that fails every time from spinning through workers."""
+        with self._lock:
+            self._held.discard(chunk_id)
+            if not self._held:
+                self._empty.set()
+
     def is_lost(self, chunk_id: int) -> bool:
         return chunk_id in self._lost
 

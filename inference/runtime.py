@@ -241,6 +241,21 @@ class InferenceRuntime:
         if work is None:
             return "not claimed"
         self.ledger.hold(work.chunk_id)
+        try:
+            run = self._run_chunk(work)
+        except BaseException:
+            self.ledger.drop(work.chunk_id)
+            raise
+        if self.failed is not None or self.draining.is_set():
+            # This worker is going away mid-chunk: keep what was written, hand the
+            # rest back to the queue now rather than when the lease runs out.
+            self.ledger.release(work.chunk_id).result()
+            return f"chunk {work.batch_id}#{work.index}: released, worker stopping"
+        status = self.ledger.close(work.chunk_id).result()
+        return (f"chunk {work.batch_id}#{work.index}: {status or 'lost'}, {run.completed} "
+                f"completed, {run.failed} failed")
+
+    def _run_chunk(self, work: ChunkWork) -> ChunkRun:
         requests = read_chunk(Path(work.input_path), start=work.start_offset,
                               end=work.end_offset, max_line_bytes=settings.BATCHGEN_MAX_LINE_BYTES,
                               order_path=Path(work.order_path) if work.order_path else None)
@@ -250,15 +265,7 @@ class InferenceRuntime:
             written = scan_results(output, {r["custom_id"] for r in requests})
             self.ledger.add(work.chunk_id, *reconcile_counts(work, written))
             requests = [r for r in requests if r["custom_id"] not in written]
-        run = self._run_requests(work, requests, output)
-        if self.failed is not None or self.draining.is_set():
-            # This worker is going away mid-chunk: keep what was written, hand the
-            # rest back to the queue now rather than when the lease runs out.
-            self.ledger.release(work.chunk_id).result()
-            return f"chunk {work.batch_id}#{work.index}: released, worker stopping"
-        status = self.ledger.close(work.chunk_id).result()
-        return (f"chunk {work.batch_id}#{work.index}: {status or 'lost'}, {run.completed} "
-                f"completed, {run.failed} failed")
+        return self._run_requests(work, requests, output)
 
     def _run_requests(self, work: ChunkWork, requests: list[dict], output: Path) -> ChunkRun:
         """Submit while slots are free, write results as they come and put them in
