@@ -10,60 +10,20 @@ writes the sorted (offset, length) pairs to an order file beside the upload; a c
 is then a range of that file. Windows bound the memory: a window holds a few tens of
 thousands of small tuples, never request bodies. Per-request results do not change:
 order in the output was never guaranteed, and each line still carries its custom_id.
+Each endpoint's spec says what a request's prefix key is (batches/endpoints/).
 """
 
 from __future__ import annotations
 
 from array import array
 from pathlib import Path
-from typing import Any
 
-import msgspec
 import numpy as np
 
-CHAT = "/v1/chat/completions"
 ORDER_ENTRY = array("q").itemsize * 2  # (offset, length) as two int64
 # Lines sorted together. Shuffled inputs with up to a few thousand distinct prefixes
 # group well within this; memory stays under ~10 MB.
 GROUPING_WINDOW = 65_536
-# Without earlier turns, the first characters of the only message or of the prompt
-# stand for its prefix.
-PREFIX_CHARS = 512
-
-
-def prefix_key_of_line(line) -> int:
-    """prefix_key for a line decoded by batches.line_schema (the fast path)."""
-    body = line.body
-    if hasattr(body, "messages"):
-        first = body.messages[0]
-        content = first.content
-        if not isinstance(content, str):
-            # As the slow path sees them: the parts as dicts, not as msgspec structs.
-            content = str(msgspec.to_builtins(content))
-        if len(body.messages) == 1:
-            content = content[:PREFIX_CHARS]
-        return hash((first.role, content))
-    prompt = body.prompt
-    return hash(prompt[:PREFIX_CHARS] if isinstance(prompt, str) else str(prompt)[:PREFIX_CHARS])
-
-
-def prefix_key(body: dict[str, Any], endpoint: str) -> int:
-    """A key equal for requests that likely share a prefix: for chat, the first
-    message (the system prompt, which few-shot turns follow) when more come after it;
-    otherwise the first characters of the only message or of the prompt. Keys are
-    compared only within one validation run, so Python's own hash serves, and it is
-    cached on each string."""
-    if endpoint == CHAT:
-        messages = body["messages"]
-        first = messages[0]
-        content = first.get("content")
-        if not isinstance(content, str):
-            content = str(content)
-        if len(messages) == 1:
-            content = content[:PREFIX_CHARS]
-        return hash((first.get("role"), content))
-    prompt = body.get("prompt")
-    return hash(prompt[:PREFIX_CHARS] if isinstance(prompt, str) else str(prompt)[:PREFIX_CHARS])
 
 
 class ContiguousChunker:

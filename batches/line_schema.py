@@ -1,4 +1,6 @@
-"""The input line's shape as msgspec types: the fast path of validation.
+"""The input line's shape as msgspec types: the fast path of validation. The parts
+every endpoint shares are here; each endpoint's line type is in its spec
+(batches/endpoints/).
 
 msgspec decodes and checks a line in one pass in C. Every line it accepts is one the
 rule-by-rule checks in batches/validation.py accept too (the types here are no more
@@ -78,8 +80,9 @@ def _bounded(bound: Bound) -> Any:
     return Annotated[float, msgspec.Meta(ge=bound.low, le=bound.high)]
 
 
-_Body = msgspec.defstruct(
-    "_Body",
+# Each endpoint's body (batches/endpoints/) adds its own fields to these.
+Body = msgspec.defstruct(
+    "Body",
     [("model", Annotated[str, msgspec.Meta(min_length=1)]),
      *[(name, _bounded(bound) | None, None) for name, bound in SAMPLING_BOUNDS.items()],
      ("n", Literal[1] | None, None),
@@ -89,31 +92,5 @@ _Body = msgspec.defstruct(
 )
 
 
-class ChatBody(_Body, kw_only=True):
-    messages: Annotated[list[Message], msgspec.Meta(min_length=1)]
-
-
-class CompletionBody(_Body, kw_only=True):
-    prompt: str | Annotated[list[str | Int64], msgspec.Meta(min_length=1)]
-
-
-class ChatLine(msgspec.Struct):
-    custom_id: CustomId
-    method: Literal["POST"]
-    url: Literal["/v1/chat/completions"]
-    body: ChatBody
-
-
-class CompletionLine(msgspec.Struct):
-    custom_id: CustomId
-    method: Literal["POST"]
-    url: Literal["/v1/completions"]
-    body: CompletionBody
-
-
-DECODERS = {
-    "/v1/chat/completions": msgspec.json.Decoder(ChatLine),
-    "/v1/completions": msgspec.json.Decoder(CompletionLine),
-}
 # RecursionError: msgspec gives up on very deep nesting; the slow path refuses it.
 DecodeError = msgspec.ValidationError, msgspec.DecodeError, RecursionError

@@ -3,10 +3,10 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
+from batches.endpoints import ENDPOINTS
 
-class Endpoint(models.TextChoices):
-    CHAT = "/v1/chat/completions"
-    COMPLETIONS = "/v1/completions"
+# The batch endpoints, one member per registered spec (batches/endpoints/).
+Endpoint = models.TextChoices("Endpoint", [(spec.member, spec.url) for spec in ENDPOINTS.values()])
 
 
 class BatchStatus(models.TextChoices):

@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-CHAT = "/v1/chat/completions"
 SAMPLING_KEYS = ("temperature", "top_p", "top_k")
 GREEDY_TEMPERATURE = 0.0
 INT64_MAX = 2**63 - 1
@@ -79,9 +78,11 @@ class BatchParams:
     top_k: int | None = None
 
 
-def resolve_body(body: dict[str, Any], batch: BatchParams, *, endpoint: str) -> dict[str, Any]:
+def resolve_body(body: dict[str, Any], batch: BatchParams, *,
+                 output_limit_field: str) -> dict[str, Any]:
     """The body the engine runs: a copy of `body` with the batch's defaults and the
-    server's defaults filled in where the body says nothing."""
+    server's defaults filled in where the body says nothing. The output token limit
+    goes in `output_limit_field`, the endpoint's name for it (its spec's)."""
     resolved = dict(body)
     for key in SAMPLING_KEYS:
         if resolved.get(key) is None:
@@ -94,12 +95,10 @@ def resolve_body(body: dict[str, Any], batch: BatchParams, *, endpoint: str) -> 
         resolved["temperature"] = GREEDY_TEMPERATURE
 
     limit = output_token_limit(resolved, batch)
-    # Chat takes max_completion_tokens (max_tokens is its deprecated alias);
-    # completions only know max_tokens.
     resolved.pop("max_completion_tokens", None)
     resolved.pop("max_tokens", None)
     if limit is not None:
-        resolved["max_completion_tokens" if endpoint == CHAT else "max_tokens"] = limit
+        resolved[output_limit_field] = limit
     return resolved
 
 

@@ -14,18 +14,11 @@ from typing import Any
 
 import orjson
 
-from batches.chunking import (
-    ContiguousChunker,
-    PrefixGroupingChunker,
-    prefix_key,
-    prefix_key_of_line,
-    read_order,
-)
-from batches.line_schema import DECODERS, DecodeError
-from batches.params import SAMPLING_BOUNDS
+from batches.chunking import ContiguousChunker, PrefixGroupingChunker, read_order
+from batches.endpoints import endpoint_spec
+from batches.line_checks import LineError, check_sampling, shown
+from batches.line_schema import DecodeError
 
-CHAT = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
 BOM = b"\xef\xbb\xbf"
 MAX_CUSTOM_ID_LENGTH = 512
 # errors.data keeps the first this many bad lines; the error message gives the total.
@@ -52,12 +45,6 @@ class ValidationReport:
         self.invalid += 1
         if len(self.errors) < MAX_LISTED_ERRORS:
             self.errors.append({"code": code, "message": message, "line": line, "param": param})
-
-
-class LineError(Exception):
-    def __init__(self, code: str, message: str, param: str | None = None):
-        super().__init__(message)
-        self.code, self.message, self.param = code, message, param
 
 
 def iter_lines(path: Path, *, start: int = 0, end: int | None = None,
@@ -116,7 +103,7 @@ def parse_line(raw: bytes, *, endpoint: str) -> dict[str, Any]:
     if item.get("url") != endpoint:
         raise LineError("invalid_url",
                         f"url must be {endpoint!r}, the endpoint of this batch "
-                        f"(got {_shown(item.get('url'))}).", "url")
+                        f"(got {shown(item.get('url'))}).", "url")
     body = item.get("body")
     if not isinstance(body, dict):
         raise LineError("invalid_body", "body must be a JSON object.", "body")
@@ -124,106 +111,12 @@ def parse_line(raw: bytes, *, endpoint: str) -> dict[str, Any]:
     return item
 
 
-def _shown(value: Any, limit: int = 80) -> str:
-    """A value quoted in an error message, cut short: a line may be megabytes, and
-    up to MAX_LISTED_ERRORS messages are kept on the batch."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
 def check_body(body: dict[str, Any], *, endpoint: str) -> None:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise LineError("invalid_body", "body.model is required (a string).", "body.model")
-    if endpoint == CHAT:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise LineError("invalid_body", "body.messages must be a non-empty list.",
-                            "body.messages")
-        for index, message in enumerate(messages):
-            check_message(message, where=f"body.messages[{index}]")
-    else:
-        prompt = body.get("prompt")
-        valid = isinstance(prompt, str) or (
-            isinstance(prompt, list) and prompt
-            and all(isinstance(p, (str, int)) and not isinstance(p, bool) for p in prompt)
-        )
-        if not valid:
-            raise LineError("invalid_body",
-                            "body.prompt must be a string or a non-empty list.", "body.prompt")
+    endpoint_spec(endpoint).check_body(body)
     check_sampling(body, prefix="body.")
-
-
-# OpenAI's chat roles. Its deprecated `function` role is not taken: `tool` replaced it.
-ROLES = ("system", "developer", "user", "assistant", "tool")
-_ROLES_SHOWN = ", ".join(repr(role) for role in ROLES)
-
-
-def check_message(message: Any, *, where: str) -> None:
-    """One chat message, as OpenAI's schema has it: a known role; content a string
-    or a non-empty list of parts, which only an assistant turn carrying tool calls
-    may leave out; a tool message answers a tool_call_id."""
-    if not isinstance(message, dict):
-        raise LineError("invalid_body", f"{where} must be an object with a role.", where)
-    role = message.get("role")
-    if not isinstance(role, str) or role not in ROLES:
-        raise LineError("invalid_body", f"{where}.role must be one of {_ROLES_SHOWN} "
-                        f"(got {_shown(role)}).", f"{where}.role")
-    if role == "tool" and not isinstance(message.get("tool_call_id"), str):
-        raise LineError("invalid_body", f"{where}.tool_call_id is required in a tool "
-                        "message (a string: the id of the call it answers).",
-                        f"{where}.tool_call_id")
-    calls_tools = False
-    if role == "assistant":
-        tool_calls = message.get("tool_calls")
-        if tool_calls is not None and not isinstance(tool_calls, list):
-            raise LineError("invalid_body", f"{where}.tool_calls must be a list.",
-                            f"{where}.tool_calls")
-        calls_tools = bool(tool_calls) or message.get("function_call") is not None
-    content = message.get("content")
-    if content is None:
-        if calls_tools:
-            return
-        raise LineError("invalid_body", f"{where}.content is required: a string or a "
-                        "list of content parts.", f"{where}.content")
-    check_content(content, where=f"{where}.content")
-
-
-def check_content(content: Any, *, where: str) -> None:
-    if isinstance(content, str):
-        return
-    if not isinstance(content, list) or not content:
-        raise LineError("invalid_body", f"{where} must be a string or a non-empty list of "
-                        f"content parts (got {_shown(content)}).", where)
-    for index, part in enumerate(content):
-        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-            raise LineError("invalid_body", f"{where}[{index}] must be an object with a "
-                            "type, such as {\"type\": \"text\", \"text\": \"...\"}.",
-                            f"{where}[{index}]")
-        if part["type"] == "text" and not isinstance(part.get("text"), str):
-            raise LineError("invalid_body", f"{where}[{index}].text must be a string.",
-                            f"{where}[{index}].text")
-
-
-# Each checked parameter: (value is fine?, what it must be). Only the keys a body
-# actually has are looked at, so a typical line costs one set intersection.
-SAMPLING_RULES: dict[str, tuple[Any, str]] = {
-    **{key: (bound.admits, bound.must) for key, bound in SAMPLING_BOUNDS.items()},
-    "n": (lambda v: v == 1 and not isinstance(v, bool), "must be 1"),
-    "stream": (lambda v: v is False, "must be false: streaming is not available in a batch"),
-}
-_SAMPLING_KEYS = SAMPLING_RULES.keys()
-
-
-def check_sampling(values: dict[str, Any], *, prefix: str = "") -> None:
-    """The sampling and length parameters shared by lines and batches."""
-    for key in values.keys() & _SAMPLING_KEYS:
-        value = values[key]
-        if value is None:
-            continue
-        valid, must = SAMPLING_RULES[key]
-        if not valid(value):
-            raise LineError("invalid_body", f"{prefix}{key} {must}.", f"{prefix}{key}")
 
 
 def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes: int,
@@ -239,7 +132,9 @@ def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes:
     seen: set[int] = set()
     add_to_chunk = chunker.add
     parse = parse_line
-    decode = DECODERS[endpoint].decode
+    spec = endpoint_spec(endpoint)
+    decode = spec.decoder.decode
+    key_of_line = spec.prefix_key_of_line
     grouped = chunker.grouped
     line_number = 0
     offset = 0
@@ -265,7 +160,7 @@ def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes:
                 try:
                     line = decode(raw)
                     custom_id = line.custom_id
-                    key = prefix_key_of_line(line) if grouped else 0
+                    key = key_of_line(line) if grouped else 0
                 except DecodeError:
                     # The slow path names the problem, or accepts what the strict
                     # types did not (a float 1.0 for n, say).
@@ -275,7 +170,7 @@ def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes:
                         report.add_error(line_number, error.code, error.message, error.param)
                         continue
                     custom_id = item["custom_id"]
-                    key = prefix_key(item["body"], endpoint) if grouped else 0
+                    key = spec.prefix_key(item["body"]) if grouped else 0
                 digest = hash(custom_id)
                 if digest in seen:
                     report.add_error(line_number, "duplicate_custom_id",

@@ -66,7 +66,8 @@ def generate(path: Path, count: int) -> int:
 def run_baseline(path: Path, out: Path) -> dict:
     """Parse, merge parameters, run the simulated engine, format and append every
     request in one process, 200 at a time on one event loop."""
-    from batches.params import BatchParams, resolve_body
+    from batches.endpoints import endpoint_spec
+    from batches.params import BatchParams
     from inference.engines.base import EngineConfig, EngineRequest
     from inference.engines.simulated import SimulatedEngine
     from inference.output import format_line
@@ -82,7 +83,7 @@ def run_baseline(path: Path, out: Path) -> dict:
             async def flush() -> int:
                 results = await asyncio.gather(*(engine.generate(EngineRequest(
                     request_id=f"r{i}", custom_id=item["custom_id"], endpoint=endpoint,
-                    body=resolve_body(item["body"], params, endpoint=endpoint)))
+                    body=endpoint_spec(endpoint).resolve_body(item["body"], params)))
                     for i, item in enumerate(group)))
                 dst.write(b"".join(format_line(item["custom_id"], result)
                                    for item, result in zip(group, results, strict=True)))

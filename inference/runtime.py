@@ -37,7 +37,7 @@ from celery.exceptions import Reject
 from django.conf import settings
 
 from batches.chunks import ChunkWork, reconcile_counts
-from batches.params import resolve_body
+from batches.endpoints import endpoint_spec
 from batches.validation import read_chunk
 from batchgen_site.celery import app
 from batchgen_site.errors import is_storage_full
@@ -271,12 +271,13 @@ class InferenceRuntime:
         """Submit while slots are free, write results as they come and put them in
         the ledger."""
         run = ChunkRun(work=work, output=output)
+        spec = endpoint_spec(work.endpoint)
         for position, item in enumerate(requests):
             request = EngineRequest(
                 request_id=f"{work.batch_id}-{work.index}-{position}-{work.attempts}",
                 custom_id=item["custom_id"],
                 endpoint=work.endpoint,
-                body=resolve_body(item["body"], work.params, endpoint=work.endpoint),
+                body=spec.resolve_body(item["body"], work.params),
                 max_context_length=work.params.max_context_length,
             )
             run.pending.append((request, estimate_tokens(request)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 
+from batches.endpoints import endpoint_spec
 from inference.engines.base import EngineRequest
 
 CHARS_PER_TOKEN = 4  # a cheap, slightly generous estimate for English text
@@ -22,11 +23,7 @@ def estimate_tokens(request: EngineRequest) -> int:
     """Prompt plus output tokens a request may hold in the engine, estimated without
     a tokenizer (admission runs on the worker's chunk threads, per request)."""
     body = request.body
-    if "messages" in body:
-        chars = sum(len(str(m.get("content") or "")) + 16 for m in body["messages"])
-    else:
-        prompt = body.get("prompt")
-        chars = len(prompt) if isinstance(prompt, str) else len(str(prompt))
+    chars = endpoint_spec(request.endpoint).prompt_chars(body)
     output = (body.get("max_completion_tokens") or body.get("max_tokens")
               or DEFAULT_OUTPUT_ESTIMATE)
     return chars // CHARS_PER_TOKEN + 1 + output

@@ -34,7 +34,7 @@ class EngineConfig:
 class EngineRequest:
     request_id: str  # unique inside the engine while it runs
     custom_id: str
-    endpoint: str  # "/v1/chat/completions" | "/v1/completions"
+    endpoint: str  # a URL of batches.endpoints.ENDPOINTS
     # The request body with batch-level defaults already merged in
     # (see inference.params.resolve_body). If neither max_tokens nor
     # max_completion_tokens is present, the engine uses what remains of the context.

@@ -8,23 +8,10 @@ import asyncio
 import hashlib
 import time
 
+from batches.endpoints import endpoint_spec
 from inference.engines.base import Engine, EngineRequest, EngineResult
 
-CHAT = "/v1/chat/completions"
 SIM_CONTEXT = 8192
-
-
-def _prompt_text(request: EngineRequest) -> str:
-    if request.endpoint == CHAT:
-        parts = []
-        for message in request.body.get("messages", []):
-            content = message.get("content")
-            if isinstance(content, list):
-                content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-            parts.append(f"{message.get('role')}: {content or ''}")
-        return "\n".join(parts)
-    prompt = request.body.get("prompt")
-    return prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
 
 
 class SimulatedEngine(Engine):
@@ -40,7 +27,8 @@ class SimulatedEngine(Engine):
     async def generate(self, request: EngineRequest) -> EngineResult:
         if self.config.sim_latency_ms:
             await asyncio.sleep(self.config.sim_latency_ms / 1000)
-        prompt = _prompt_text(request)
+        spec = endpoint_spec(request.endpoint)
+        prompt = spec.prompt_text(request.body)
         prompt_tokens = max(1, len(prompt.split()))
         context = min(self.max_context_length, request.max_context_length or 10**9)
         if prompt_tokens >= context:
@@ -56,23 +44,9 @@ class SimulatedEngine(Engine):
         finish_reason = "length" if completion_tokens < len(words) else "stop"
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                  "total_tokens": prompt_tokens + completion_tokens}
-        created = int(time.time())
-        if request.endpoint == CHAT:
-            body = {
-                "id": f"chatcmpl-{request.request_id}", "object": "chat.completion",
-                "created": created, "model": self.config.served_model_name,
-                "choices": [{"index": 0, "message": {
-                    "role": "assistant", "content": text, "reasoning_content": None,
-                    "tool_calls": []}, "logprobs": None, "finish_reason": finish_reason}],
-                "usage": usage,
-            }
-        else:
-            body = {
-                "id": f"cmpl-{request.request_id}", "object": "text_completion",
-                "created": created, "model": self.config.served_model_name,
-                "choices": [{"index": 0, "text": text, "logprobs": None,
-                             "finish_reason": finish_reason}],
-                "usage": usage,
-            }
+        body = spec.simulated_body(request_id=request.request_id,
+                                   model=self.config.served_model_name,
+                                   created=int(time.time()), text=text,
+                                   finish_reason=finish_reason, usage=usage)
         return EngineResult(body=body, prompt_tokens=prompt_tokens,
                             completion_tokens=completion_tokens)

@@ -11,7 +11,10 @@ parsing are vLLM's, not ours. What BatchGen adds:
   limit to what the cap leaves;
 - error mapping: nothing raises for a bad request, every failure becomes an
   `EngineResult` error with a BatchGen code;
-- the output body shape of the API contract (`reasoning_content`, `tool_calls`).
+- the output body shape of the API contract (`reasoning_content`, `tool_calls`), which
+  each endpoint's spec gives (batches/endpoints/).
+
+One method per endpoint, `serve_<name>` for the spec named `name`.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
+from batches.endpoints import ENDPOINTS, EndpointSpec
 from inference.engines.base import (
     Engine,
     EngineConfig,
@@ -56,8 +60,6 @@ from inference.engines.base import (
 
 logger = logging.getLogger(__name__)
 
-CHAT_ENDPOINT = "/v1/chat/completions"
-COMPLETIONS_ENDPOINT = "/v1/completions"
 # KV cache on CPU: about 23k tokens of SmolLM2-135M in float32 (45 KiB a token), so
 # one full 8k context plus many short requests. VLLM_CPU_KVCACHE_SPACE (GiB) or
 # engine_args["kv_cache_memory_bytes"] override it.
@@ -298,7 +300,8 @@ class VllmEngine(Engine):
             return EngineResult.failure(
                 "engine_error", f"unexpected response type {type(response).__name__}"
             )
-        body = _output_body(response, self.config.served_model_name)
+        body = _output_body(response, ENDPOINTS[request.endpoint],
+                            self.config.served_model_name)
         usage = body["usage"]
         return EngineResult(
             body=body,
@@ -309,6 +312,11 @@ class VllmEngine(Engine):
     async def _serve(self, request: EngineRequest) -> Any:
         if not isinstance(request.body, dict):
             raise VLLMValidationError("request body must be a JSON object")
+        spec = ENDPOINTS.get(request.endpoint)
+        serve = getattr(self, f"serve_{spec.name}", None) if spec is not None else None
+        if serve is None:
+            raise VLLMValidationError(f"unsupported endpoint {request.endpoint!r}",
+                                      parameter="url")
         # Single-model server: the body's model was only checked for presence.
         body = {
             **request.body,
@@ -318,13 +326,15 @@ class VllmEngine(Engine):
             "n": 1,
             "request_id": request.request_id,
         }
-        if request.endpoint == CHAT_ENDPOINT:
-            chat_request = ChatCompletionRequest.model_validate(body)
-            return await self._chat.create_chat_completion(chat_request)
-        if request.endpoint == COMPLETIONS_ENDPOINT:
-            completion_request = CompletionRequest.model_validate(body)
-            return await self._completion.create_completion(completion_request)
-        raise VLLMValidationError(f"unsupported endpoint {request.endpoint!r}", parameter="url")
+        return await serve(body)
+
+    # One method per endpoint spec (batches/endpoints/), named serve_<spec.name>.
+
+    async def serve_chat(self, body: dict[str, Any]) -> Any:
+        return await self._chat.create_chat_completion(ChatCompletionRequest.model_validate(body))
+
+    async def serve_completion(self, body: dict[str, Any]) -> Any:
+        return await self._completion.create_completion(CompletionRequest.model_validate(body))
 
     async def shutdown(self) -> None:
         llm, self._llm = self._llm, None
@@ -363,23 +373,12 @@ def _validation_message(exc: pydantic.ValidationError) -> str:
     return "invalid request body: " + "; ".join(parts)
 
 
-def _output_body(
-    response: ChatCompletionResponse | CompletionResponse, served_model_name: str
-) -> dict[str, Any]:
+def _output_body(response: ChatCompletionResponse | CompletionResponse, spec: EndpointSpec,
+                 served_model_name: str) -> dict[str, Any]:
     """The response as the API contract shapes it (plain, JSON-serializable dict)."""
     body = response.model_dump(mode="json", exclude_none=True)
     body["model"] = served_model_name
     usage = body.setdefault("usage", {})
     usage["completion_tokens"] = usage.get("completion_tokens") or 0
     usage["total_tokens"] = usage.get("prompt_tokens", 0) + usage["completion_tokens"]
-    for choice in body["choices"]:
-        choice.setdefault("finish_reason", None)
-        choice.setdefault("logprobs", None)
-        message = choice.get("message")
-        if message is not None:
-            # vLLM calls the parsed thinking `reasoning`; the API contract (and
-            # most OpenAI-compatible clients) call it `reasoning_content`.
-            message["reasoning_content"] = message.pop("reasoning", None)
-            message.setdefault("content", None)
-            message.setdefault("tool_calls", [])
-    return body
+    return spec.shape_output(body)

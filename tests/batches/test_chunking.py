@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from batches.chunking import prefix_key
+from batches.endpoints import endpoint_spec
 from batches.validation import read_chunk, validate_file
 from tests.conftest import jsonl
 
@@ -34,14 +34,15 @@ def test_shared_system_prompts_share_a_key_and_different_ones_do_not():
     a1 = {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "1"}]}
     a2 = {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "2"}]}
     b = {"messages": [{"role": "system", "content": "T"}, {"role": "user", "content": "1"}]}
-    chat = "/v1/chat/completions"
-    assert prefix_key(a1, chat) == prefix_key(a2, chat) != prefix_key(b, chat)
+    chat = endpoint_spec("/v1/chat/completions")
+    assert chat.prefix_key(a1) == chat.prefix_key(a2) != chat.prefix_key(b)
     lone = {"messages": [{"role": "user", "content": "S" * 600 + "end"}]}
     shorter = {"messages": [{"role": "user", "content": "S" * 600}]}
-    assert prefix_key(lone, chat) == prefix_key(shorter, chat)
+    assert chat.prefix_key(lone) == chat.prefix_key(shorter)
     same_start = {"prompt": "x" * 600 + "tail one"}
     other_tail = {"prompt": "x" * 600 + "tail two"}
-    assert prefix_key(same_start, "/v1/completions") == prefix_key(other_tail, "/v1/completions")
+    completions = endpoint_spec("/v1/completions")
+    assert completions.prefix_key(same_start) == completions.prefix_key(other_tail)
 
 
 def test_grouped_chunks_each_hold_one_prefix(tmp_path):

@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from batches.line_schema import DECODERS, DecodeError
+from batches.endpoints import endpoint_spec
+from batches.endpoints.chat import ROLES
+from batches.line_checks import LineError
+from batches.line_schema import DecodeError
 from batches.params import SAMPLING_BOUNDS
-from batches.validation import ROLES, LineError, parse_line
+from batches.validation import parse_line
 
 CORPUS = Path(__file__).resolve().parents[1] / "corpus" / "inputs"
 ENDPOINTS = ["/v1/chat/completions", "/v1/completions"]
@@ -80,7 +83,7 @@ def test_fast_path_is_never_more_lenient(endpoint):
     accepted_fast = 0
     for raw in lines:
         try:
-            fast = DECODERS[endpoint].decode(raw)
+            fast = endpoint_spec(endpoint).decoder.decode(raw)
         except DecodeError:
             continue
         accepted_fast += 1

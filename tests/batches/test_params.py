@@ -1,4 +1,5 @@
-"""Parameter priority (batches.params.resolve_body): body > batch > server default."""
+"""Parameter priority (batches.params.resolve_body, through each endpoint's spec):
+body > batch > server default."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import copy
 
 import pytest
 
-from batches.params import BatchParams, output_token_limit, resolve_body
+from batches.endpoints import endpoint_spec
+from batches.params import BatchParams, output_token_limit
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -47,7 +49,7 @@ def test_sampling_priority_is_body_then_batch_then_greedy(key, in_body, in_batch
     body = chat_body() if in_body is ABSENT else chat_body(**{key: in_body})
     batch = BatchParams(**{key: in_batch})
 
-    resolved = resolve_body(body, batch, endpoint=CHAT)
+    resolved = endpoint_spec(CHAT).resolve_body(body, batch)
 
     if expected is ABSENT:
         assert key not in resolved
@@ -56,7 +58,7 @@ def test_sampling_priority_is_body_then_batch_then_greedy(key, in_body, in_batch
 
 
 def test_with_nothing_set_decoding_is_greedy_with_top_p_and_top_k_off():
-    resolved = resolve_body(chat_body(), BatchParams(), endpoint=CHAT)
+    resolved = endpoint_spec(CHAT).resolve_body(chat_body(), BatchParams())
 
     assert resolved == {"model": "m", "messages": MESSAGES, "temperature": 0.0}
 
@@ -82,8 +84,8 @@ def test_output_limit_is_body_then_batch_under_the_endpoints_key(
     body = {"model": "m", "prompt": "p", **fields} if endpoint == COMPLETIONS \
         else chat_body(**fields)
 
-    resolved = resolve_body(body, BatchParams(max_decoding_length=batch_limit),
-                            endpoint=endpoint)
+    resolved = endpoint_spec(endpoint).resolve_body(
+        body, BatchParams(max_decoding_length=batch_limit))
 
     other = "max_tokens" if key == "max_completion_tokens" else "max_completion_tokens"
     assert resolved[key] == value
@@ -92,8 +94,8 @@ def test_output_limit_is_body_then_batch_under_the_endpoints_key(
 
 @pytest.mark.parametrize("endpoint", [CHAT, COMPLETIONS])
 def test_no_limit_anywhere_leaves_the_rest_of_the_context_to_the_engine(endpoint):
-    resolved = resolve_body(chat_body(), BatchParams(max_decoding_length=None),
-                            endpoint=endpoint)
+    resolved = endpoint_spec(endpoint).resolve_body(
+        chat_body(), BatchParams(max_decoding_length=None))
 
     assert "max_tokens" not in resolved
     assert "max_completion_tokens" not in resolved
@@ -105,8 +107,8 @@ def test_resolving_does_not_mutate_the_input_body():
                      metadata={"nested": ["kept"]})
     original = copy.deepcopy(body)
 
-    resolve_body(body, BatchParams(temperature=0.5, top_k=3, max_decoding_length=9),
-                 endpoint=CHAT)
+    endpoint_spec(CHAT).resolve_body(
+        body, BatchParams(temperature=0.5, top_k=3, max_decoding_length=9))
 
     assert body == original
 
@@ -114,7 +116,7 @@ def test_resolving_does_not_mutate_the_input_body():
 def test_fields_the_priority_rules_do_not_cover_pass_through_unchanged():
     body = chat_body(stop=["\n"], seed=7, presence_penalty=0.5, tools=[{"type": "function"}])
 
-    resolved = resolve_body(body, BatchParams(temperature=1.0), endpoint=CHAT)
+    resolved = endpoint_spec(CHAT).resolve_body(body, BatchParams(temperature=1.0))
 
     for key in ("model", "messages", "stop", "seed", "presence_penalty", "tools"):
         assert resolved[key] == body[key]

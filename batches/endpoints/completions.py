@@ -1,0 +1,71 @@
+"""/v1/completions: a prompt in (text, texts or token ids), text out."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from batches.endpoints.base import EndpointSpec, register, text_prefix_key
+from batches.line_checks import LineError
+from batches.line_schema import Body, CustomId, Int64
+
+
+class CompletionBody(Body, kw_only=True):
+    prompt: str | Annotated[list[str | Int64], msgspec.Meta(min_length=1)]
+
+
+class CompletionLine(msgspec.Struct):
+    custom_id: CustomId
+    method: Literal["POST"]
+    url: Literal["/v1/completions"]
+    body: CompletionBody
+
+
+@register
+class Completions(EndpointSpec):
+    url = "/v1/completions"
+    name = "completion"
+    member = "COMPLETIONS"
+    line_type = CompletionLine
+    output_limit_field = "max_tokens"  # completions know no max_completion_tokens
+
+    def check_body(self, body: dict[str, Any]) -> None:
+        prompt = body.get("prompt")
+        valid = isinstance(prompt, str) or (
+            isinstance(prompt, list) and prompt
+            and all(isinstance(p, (str, int)) and not isinstance(p, bool) for p in prompt)
+        )
+        if not valid:
+            raise LineError("invalid_body",
+                            "body.prompt must be a string or a non-empty list.", "body.prompt")
+
+    def prefix_key_of_line(self, line: CompletionLine) -> int:
+        return text_prefix_key(line.body.prompt)
+
+    def prefix_key(self, body: dict[str, Any]) -> int:
+        return text_prefix_key(body.get("prompt"))
+
+    def prompt_chars(self, body: dict[str, Any]) -> int:
+        prompt = body.get("prompt")
+        return len(prompt) if isinstance(prompt, str) else len(str(prompt))
+
+    def prompt_text(self, body: dict[str, Any]) -> str:
+        prompt = body.get("prompt")
+        return prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
+
+    def simulated_body(self, *, request_id: str, model: str, created: int, text: str,
+                       finish_reason: str, usage: dict[str, int]) -> dict[str, Any]:
+        return {
+            "id": f"cmpl-{request_id}", "object": "text_completion",
+            "created": created, "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None,
+                         "finish_reason": finish_reason}],
+            "usage": usage,
+        }
+
+    def shape_output(self, body: dict[str, Any]) -> dict[str, Any]:
+        for choice in body["choices"]:
+            choice.setdefault("finish_reason", None)
+            choice.setdefault("logprobs", None)
+        return body

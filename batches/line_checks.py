@@ -1,0 +1,43 @@
+"""The slow path's checks every endpoint shares: the error they raise and the
+sampling and length parameters (batches/params.py's bounds). Each endpoint's own
+fields are checked by its spec (batches/endpoints/)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batches.params import SAMPLING_BOUNDS
+
+
+class LineError(Exception):
+    def __init__(self, code: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """A value quoted in an error message, cut short: a line may be megabytes, and
+    up to MAX_LISTED_ERRORS messages are kept on the batch."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+# Each checked parameter: (value is fine?, what it must be). Only the keys a body
+# actually has are looked at, so a typical line costs one set intersection.
+SAMPLING_RULES: dict[str, tuple[Any, str]] = {
+    **{key: (bound.admits, bound.must) for key, bound in SAMPLING_BOUNDS.items()},
+    "n": (lambda v: v == 1 and not isinstance(v, bool), "must be 1"),
+    "stream": (lambda v: v is False, "must be false: streaming is not available in a batch"),
+}
+_SAMPLING_KEYS = SAMPLING_RULES.keys()
+
+
+def check_sampling(values: dict[str, Any], *, prefix: str = "") -> None:
+    """The sampling and length parameters shared by lines and batches."""
+    for key in values.keys() & _SAMPLING_KEYS:
+        value = values[key]
+        if value is None:
+            continue
+        valid, must = SAMPLING_RULES[key]
+        if not valid(value):
+            raise LineError("invalid_body", f"{prefix}{key} {must}.", f"{prefix}{key}")
