@@ -28,6 +28,7 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
             "uploads, incremental output, the SQLite database, the model and the embedded broker"),
     Setting("--model", "BATCHGEN_MODEL", "",
             "local Hugging Face model folder (default: the bundled SmolLM2-135M-Instruct)"),
+    # The engines and the settings each reads: inference/engines/registry.py.
     Setting("--engine", "BATCHGEN_ENGINE", "vllm",
             "'vllm' (default) or 'simulated' (load and fault tests only)"),
     Setting("--max-intake-capacity", "BATCHGEN_MAX_INTAKE_CAPACITY", "1000000",
@@ -38,8 +39,19 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
             "prompt + completion token limit (default: the model's)"),
     Setting("--parse-thinking", "BATCHGEN_PARSE_THINKING", "false",
             "fill reasoning_content with vLLM's reasoning parser", is_bool=True),
+    Setting("--reasoning-parser", "BATCHGEN_REASONING_PARSER", "deepseek_r1",
+            "vLLM reasoning parser name used with --parse-thinking"),
     Setting("--tool-call-parser", "BATCHGEN_TOOL_CALL_PARSER", "",
             "vLLM tool call parser name (e.g. hermes) that fills tool_calls"),
+    Setting("--engine-args", "BATCHGEN_ENGINE_ARGS", "{}",
+            "JSON passed to vLLM's engine arguments (tensor_parallel_size, "
+            "gpu_memory_utilization, max_num_seqs, dtype, quantization, ...)"),
+    # Tokens (prompt + output, estimated) a worker admits into its engine at once.
+    Setting("--token-budget", "BATCHGEN_TOKEN_BUDGET", "0",
+            "tokens a worker admits into its engine at once (0 = the engine's KV cache "
+            "capacity; unlimited for the simulated engine)"),
+    Setting("--sim-latency-ms", "BATCHGEN_SIM_LATENCY_MS", "0",
+            "time per request of the simulated engine"),
     Setting("--prefix-grouping", "BATCHGEN_PREFIX_GROUPING", "true",
             "group requests sharing a prompt prefix into the same chunks ('false' to turn off)"),
     Setting("--flower-port", "BATCHGEN_FLOWER_PORT", "5555", "Flower's port (0 = no Flower)"),
@@ -62,7 +74,11 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
 )
 
 
+def setting_default(env: str) -> str:
+    """The embedded default of a setting of the table."""
+    return next(setting.default for setting in SERVER_SETTINGS if setting.env == env)
+
+
 def server_setting(env: str) -> str:
     """The value of a setting of the table: its variable, else its default."""
-    default = next(setting.default for setting in SERVER_SETTINGS if setting.env == env)
-    return os.environ.get(env) or default
+    return os.environ.get(env) or setting_default(env)

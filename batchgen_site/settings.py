@@ -9,6 +9,8 @@ from pathlib import Path
 
 import environ
 
+from batchgen_site.config import setting_default
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
@@ -28,7 +30,10 @@ UPLOADS_DIR = STORAGE_PATH / "uploads"
 INCREMENTAL_DIR = STORAGE_PATH / "incremental"
 RUN_DIR = STORAGE_PATH / "run"
 
-BATCHGEN_ENGINE = env("BATCHGEN_ENGINE", default="vllm")
+# The engine's settings: defaults from the one table (batchgen_site/config.py), which
+# the `serve` command also turns into flags; the engine registry
+# (inference/engines/registry.py) says which engine reads which.
+BATCHGEN_ENGINE = env("BATCHGEN_ENGINE", default=setting_default("BATCHGEN_ENGINE"))
 # Empty means the bundled default model, prepared once into the storage path.
 BATCHGEN_MODEL = env("BATCHGEN_MODEL", default="") or str(
     STORAGE_PATH / "models" / "SmolLM2-135M-Instruct"
@@ -36,14 +41,19 @@ BATCHGEN_MODEL = env("BATCHGEN_MODEL", default="") or str(
 BATCHGEN_MAX_CONTEXT_LENGTH = env.int("BATCHGEN_MAX_CONTEXT_LENGTH", default=0) or None
 BATCHGEN_MAX_INTAKE_CAPACITY = env.int("BATCHGEN_MAX_INTAKE_CAPACITY", default=1_000_000)
 BATCHGEN_MAX_POOL_SIZE = env.int("BATCHGEN_MAX_POOL_SIZE", default=10_240)
-BATCHGEN_PARSE_THINKING = env.bool("BATCHGEN_PARSE_THINKING", default=False)
-BATCHGEN_REASONING_PARSER = env("BATCHGEN_REASONING_PARSER", default="deepseek_r1")
-BATCHGEN_TOOL_CALL_PARSER = env("BATCHGEN_TOOL_CALL_PARSER", default="") or None
-# Tokens (prompt + output, estimated) a worker admits into its engine at once;
+BATCHGEN_PARSE_THINKING = env.bool("BATCHGEN_PARSE_THINKING",
+                                   default=setting_default("BATCHGEN_PARSE_THINKING") == "true")
+BATCHGEN_REASONING_PARSER = env("BATCHGEN_REASONING_PARSER",
+                                default=setting_default("BATCHGEN_REASONING_PARSER"))
+BATCHGEN_TOOL_CALL_PARSER = env("BATCHGEN_TOOL_CALL_PARSER",
+                                default=setting_default("BATCHGEN_TOOL_CALL_PARSER")) or None
 # 0 = the engine's KV cache capacity (vLLM), unlimited for the simulated engine.
-BATCHGEN_TOKEN_BUDGET = env.int("BATCHGEN_TOKEN_BUDGET", default=0) or None
-BATCHGEN_SIM_LATENCY_MS = env.float("BATCHGEN_SIM_LATENCY_MS", default=0.0)
-BATCHGEN_ENGINE_ARGS = json.loads(env("BATCHGEN_ENGINE_ARGS", default="{}"))
+BATCHGEN_TOKEN_BUDGET = env.int("BATCHGEN_TOKEN_BUDGET",
+                                default=int(setting_default("BATCHGEN_TOKEN_BUDGET"))) or None
+BATCHGEN_SIM_LATENCY_MS = env.float("BATCHGEN_SIM_LATENCY_MS",
+                                    default=float(setting_default("BATCHGEN_SIM_LATENCY_MS")))
+BATCHGEN_ENGINE_ARGS = json.loads(env("BATCHGEN_ENGINE_ARGS",
+                                      default=setting_default("BATCHGEN_ENGINE_ARGS")))
 BATCHGEN_MAX_UPLOAD_BYTES = env.int("BATCHGEN_MAX_UPLOAD_BYTES", default=10 * 1024**3)
 BATCHGEN_MAX_LINE_BYTES = env.int("BATCHGEN_MAX_LINE_BYTES", default=16 * 1024**2)
 BATCHGEN_MAX_REQUESTS_PER_BATCH = env.int("BATCHGEN_MAX_REQUESTS_PER_BATCH", default=1_000_000)

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from django.conf import settings
 
+from inference.engines.registry import engine_spec
+
 SERVER_STARTED = int(time.time())
-SIMULATED_CONTEXT = 8192
 
 
 @dataclass(frozen=True)
@@ -21,10 +22,14 @@ class ModelInfo:
     max_context_length: int
     engine: str
     path: str
+    endpoints: tuple[str, ...]  # the batch endpoints its engine serves
 
 
 @lru_cache(maxsize=1)
 def served_model() -> ModelInfo:
+    """The model as the configured engine serves it (its spec names the id and the
+    context when the model folder does not)."""
+    engine = engine_spec(settings.BATCHGEN_ENGINE)
     path = Path(settings.BATCHGEN_MODEL)
     name = path.name or str(path)
     context = None
@@ -32,11 +37,10 @@ def served_model() -> ModelInfo:
     if config.exists():
         data = json.loads(config.read_text())
         context = data.get("max_position_embeddings") or data.get("max_seq_len")
-    if settings.BATCHGEN_ENGINE == "simulated":
-        name = f"{name}-simulated"
-        context = context or SIMULATED_CONTEXT
+    name = f"{name}{engine.model_suffix}"
+    context = context or engine.default_context
     limit = settings.BATCHGEN_MAX_CONTEXT_LENGTH
     if limit and (context is None or limit < context):
         context = limit
-    return ModelInfo(id=name, max_context_length=int(context or 0),
-                     engine=settings.BATCHGEN_ENGINE, path=str(path))
+    return ModelInfo(id=name, max_context_length=int(context or 0), engine=engine.name,
+                     path=str(path), endpoints=engine.endpoints)

@@ -49,6 +49,7 @@ from inference.engines import (
     EngineRequest,
     EngineResult,
     EngineUnavailable,
+    engine_spec,
     load_engine,
 )
 from inference.ledger import ChunkLedger
@@ -67,20 +68,18 @@ _CANCELLED = object()
 
 
 def engine_config_from_settings() -> EngineConfig:
+    """The configured engine's config: the settings every engine reads, then those
+    its spec names (inference/engines/registry.py)."""
     from inference.model_info import served_model
 
     model = served_model()
     return EngineConfig(
-        engine=settings.BATCHGEN_ENGINE,
+        engine=model.engine,
         model=settings.BATCHGEN_MODEL,
         served_model_name=model.id,
         max_context_length=settings.BATCHGEN_MAX_CONTEXT_LENGTH,
-        parse_thinking=settings.BATCHGEN_PARSE_THINKING,
-        reasoning_parser=settings.BATCHGEN_REASONING_PARSER,
-        tool_call_parser=settings.BATCHGEN_TOOL_CALL_PARSER,
-        sim_latency_ms=settings.BATCHGEN_SIM_LATENCY_MS,
         token_budget=settings.BATCHGEN_TOKEN_BUDGET,
-        engine_args=settings.BATCHGEN_ENGINE_ARGS,
+        **engine_spec(model.engine).config_options(settings),
     )
 
 

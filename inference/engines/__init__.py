@@ -1,8 +1,9 @@
 """Inference engines. One engine per inference worker process.
 
-`load_engine(config)` returns the engine named by `config.engine`; the import of
-vLLM happens only when the `vllm` engine is asked for, so the web process and the
-control worker never pay for it.
+`load_engine(config)` returns the engine named by `config.engine`, as the engine
+registry (inference/engines/registry.py) declares it; the import of vLLM happens
+only when the `vllm` engine is loaded, so the web process and the control worker
+never pay for it.
 """
 
 from __future__ import annotations
@@ -14,20 +15,14 @@ from inference.engines.base import (
     EngineResult,
     EngineUnavailable,
 )
+from inference.engines.registry import ENGINES, EngineSpec, engine_spec
 
 
 def load_engine(config: EngineConfig) -> Engine:
-    if config.engine == "simulated":
-        from inference.engines.simulated import SimulatedEngine
-
-        return SimulatedEngine(config)
-    if config.engine == "vllm":
-        from inference.engines.vllm_engine import VllmEngine
-
-        return VllmEngine(config)
-    raise ValueError(f"unknown engine {config.engine!r} (expected 'vllm' or 'simulated')")
+    return engine_spec(config.engine).engine(config)
 
 
 __all__ = [
-    "Engine", "EngineConfig", "EngineRequest", "EngineResult", "EngineUnavailable", "load_engine",
+    "ENGINES", "Engine", "EngineConfig", "EngineRequest", "EngineResult", "EngineSpec",
+    "EngineUnavailable", "engine_spec", "load_engine",
 ]

@@ -15,7 +15,7 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    engine: str  # "vllm" | "simulated"
+    engine: str  # a name in inference.engines.registry.ENGINES
     model: str  # path of a local Hugging Face model folder
     served_model_name: str  # the id shown in /v1/models and in output bodies
     max_context_length: int | None = None  # server cap, prompt + completion; None = model's

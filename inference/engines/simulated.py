@@ -10,8 +10,7 @@ import time
 
 from batches.endpoints import endpoint_spec
 from inference.engines.base import Engine, EngineRequest, EngineResult
-
-SIM_CONTEXT = 8192
+from inference.engines.registry import SIMULATED_CONTEXT
 
 
 class SimulatedEngine(Engine):
@@ -19,7 +18,7 @@ class SimulatedEngine(Engine):
 
     @property
     def max_context_length(self) -> int:
-        return self.config.max_context_length or SIM_CONTEXT
+        return self.config.max_context_length or SIMULATED_CONTEXT
 
     async def start(self) -> None:
         return None

@@ -14,6 +14,7 @@ from django.core.management.base import BaseCommand
 
 from batchgen_site.config import SERVER_SETTINGS
 from batchgen_site.supervisor import Program, Supervisor
+from inference.engines.registry import engine_spec
 
 logger = logging.getLogger("batchgen.serve")
 
@@ -81,16 +82,15 @@ class Command(BaseCommand):
         for path in (settings.UPLOADS_DIR, settings.INCREMENTAL_DIR, settings.RUN_DIR):
             path.mkdir(parents=True, exist_ok=True)
         call_command("migrate", interactive=False, verbosity=0)
-        if settings.BATCHGEN_ENGINE == "vllm":
-            call_command("prepare_model")
+        engine = engine_spec(settings.BATCHGEN_ENGINE)
+        engine.prepare_model()
         listen_ip = os.environ.get("BATCHGEN_LISTEN_IP", "0.0.0.0")
         logger.info("BatchGen: engine=%s model=%s broker=%s database=%s", settings.BATCHGEN_ENGINE,
                     settings.BATCHGEN_MODEL,
                     "embedded" if settings.BATCHGEN_EMBEDDED_BROKER else settings.CELERY_BROKER_URL,
                     settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1])
-        if settings.BATCHGEN_ENGINE == "simulated":
-            logger.warning("the SIMULATED engine is running: output is synthetic, for load "
-                           "and fault tests only")
+        if engine.warning:
+            logger.warning(engine.warning)
         from batchgen_site.auth import auth_required
 
         if listen_ip not in ("127.0.0.1", "::1", "localhost") and not auth_required():

@@ -1,0 +1,99 @@
+"""The engine registry: what each engine is, known without importing it.
+
+An engine is a class (inference/engines/base.py's contract) plus a spec here that
+declares how its model is prepared, what it serves (endpoints, the model's served id
+and context length) and which settings configure it. `load_engine`, model_info,
+`serve` and the runtime ask the spec; none of them names an engine.
+
+The spec is apart from the class for the same reason vLLM registers its parsers
+lazily (`ReasoningParserManager.register_lazy_module`): importing vLLM costs seconds
+and a GB of memory, which the web process and the control worker, who read the spec
+(for /v1/models, at start-up), must never pay. Only `load_engine`, in an inference
+worker, imports the class.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from batches.endpoints import ENDPOINTS
+
+if TYPE_CHECKING:
+    from inference.engines.base import Engine, EngineConfig
+
+
+# The simulated engine's context when its model folder gives none.
+SIMULATED_CONTEXT = 8192
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    name: str  # BATCHGEN_ENGINE's value
+    engine_class: str  # "module:Class", imported by load_engine only
+    # EngineConfig field -> the Django setting (batchgen_site/config.py's table) it
+    # comes from, for the settings this engine alone reads.
+    settings: Mapping[str, str] = field(default_factory=dict)
+    endpoints: tuple[str, ...] = tuple(ENDPOINTS)  # the batch endpoints it serves
+    model_suffix: str = ""  # appended to the model folder's name in the served id
+    default_context: int | None = None  # when the model folder does not say
+    prepare_command: str | None = None  # management command that readies the model
+    warning: str | None = None  # logged at start-up
+
+    def engine(self, config: EngineConfig) -> Engine:
+        module, _, name = self.engine_class.partition(":")
+        return getattr(importlib.import_module(module), name)(config)
+
+    def config_options(self, settings: Any) -> dict[str, Any]:
+        """This engine's own EngineConfig fields, read from Django's settings."""
+        return {option: getattr(settings, setting) for option, setting in self.settings.items()}
+
+    def prepare_model(self) -> None:
+        if self.prepare_command is not None:
+            from django.core.management import call_command
+
+            call_command(self.prepare_command)
+
+
+ENGINES: dict[str, EngineSpec] = {}
+
+
+def register(spec: EngineSpec) -> EngineSpec:
+    if spec.name in ENGINES:
+        raise ValueError(f"engine {spec.name!r} is registered twice")
+    ENGINES[spec.name] = spec
+    return spec
+
+
+def engine_spec(name: str) -> EngineSpec:
+    try:
+        return ENGINES[name]
+    except KeyError:
+        known = ", ".join(repr(known) for known in ENGINES)
+        raise ValueError(f"unknown engine {name!r} (expected one of {known})") from None
+
+
+register(EngineSpec(
+    name="vllm",
+    engine_class="inference.engines.vllm_engine:VllmEngine",
+    settings={
+        "parse_thinking": "BATCHGEN_PARSE_THINKING",
+        "reasoning_parser": "BATCHGEN_REASONING_PARSER",
+        "tool_call_parser": "BATCHGEN_TOOL_CALL_PARSER",
+        "engine_args": "BATCHGEN_ENGINE_ARGS",
+    },
+    # Converts the bundled SmolLM2 into a model folder when no other model is named.
+    prepare_command="prepare_model",
+))
+register(EngineSpec(
+    name="simulated",
+    engine_class="inference.engines.simulated:SimulatedEngine",
+    settings={"sim_latency_ms": "BATCHGEN_SIM_LATENCY_MS"},
+    # Its output is synthetic: the served id says so, wherever it is shown.
+    model_suffix="-simulated",
+    default_context=SIMULATED_CONTEXT,
+    warning="the SIMULATED engine is running: output is synthetic, for load and fault "
+            "tests only",
+))
