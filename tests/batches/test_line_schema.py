@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from batches.endpoints import endpoint_spec
+from batches.endpoints import ENDPOINTS, endpoint_spec
 from batches.endpoints.chat import ROLES
 from batches.line_checks import LineError
 from batches.line_schema import DecodeError
@@ -15,7 +15,6 @@ from batches.params import SAMPLING_BOUNDS
 from batches.validation import parse_line
 
 CORPUS = Path(__file__).resolve().parents[1] / "corpus" / "inputs"
-ENDPOINTS = ["/v1/chat/completions", "/v1/completions"]
 ABSENT = object()
 
 
@@ -76,7 +75,7 @@ def odd_messages() -> list[list]:
     return messages + [[], ["hi"], [None], [{"role": "user", "content": "a"}, 5]]
 
 
-@pytest.mark.parametrize("endpoint", ENDPOINTS)
+@pytest.mark.parametrize("endpoint", list(ENDPOINTS))  # every registered endpoint
 def test_fast_path_is_never_more_lenient(endpoint):
     lines = corpus_lines() + variants()
     assert len(lines) > 3000
