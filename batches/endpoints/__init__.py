@@ -2,7 +2,7 @@
 says what a spec holds). Adding an endpoint: a module here, its import below, and the
 engines' serve_<name> method (docs/architecture.md, "Adding an endpoint")."""
 
-from batches.endpoints import chat, completions  # noqa: F401 - each registers its spec
+from batches.endpoints import chat, completions, embeddings  # noqa: F401 - each registers
 from batches.endpoints.base import ENDPOINTS, EndpointSpec, endpoint_spec
 
 __all__ = ["ENDPOINTS", "EndpointSpec", "endpoint_spec"]

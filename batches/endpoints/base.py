@@ -36,6 +36,7 @@ class EndpointSpec:
     line_type: ClassVar[type[msgspec.Struct]]  # a whole line, as the fast path decodes it
     # Where the output token limit goes in the body the engine runs.
     output_limit_field: ClassVar[str] = "max_tokens"
+    generates: ClassVar[bool] = True  # produces output tokens (admission counts them)
 
     def __init__(self) -> None:
         self.decoder = msgspec.json.Decoder(self.line_type)
@@ -43,8 +44,9 @@ class EndpointSpec:
     # --- validation ----------------------------------------------------------------------
 
     def check_body(self, body: dict[str, Any]) -> None:
-        """The endpoint's own fields (the shared ones are checked by the caller);
-        raise batches.validation.LineError naming what is wrong."""
+        """The endpoint's own fields (`model` is checked by the caller), with the
+        sampling ones (batches.line_checks.check_sampling) where it takes them; raise
+        LineError naming what is wrong."""
         raise NotImplementedError
 
     def prefix_key_of_line(self, line: Any) -> int:
@@ -71,8 +73,10 @@ class EndpointSpec:
         raise NotImplementedError
 
     def simulated_body(self, *, request_id: str, model: str, created: int, text: str,
-                       finish_reason: str, usage: dict[str, int]) -> dict[str, Any]:
-        """The simulated engine's output body for `text`."""
+                       finish_reason: str, usage: dict[str, int],
+                       request_body: dict[str, Any]) -> dict[str, Any]:
+        """The simulated engine's output body for `text`, its answer to
+        `request_body`."""
         raise NotImplementedError
 
     def shape_output(self, body: dict[str, Any]) -> dict[str, Any]:

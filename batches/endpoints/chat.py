@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from batches.endpoints.base import PREFIX_CHARS, EndpointSpec, register
-from batches.line_checks import LineError, shown
+from batches.line_checks import LineError, check_sampling, shown
 from batches.line_schema import Body, CustomId, Message
 
 
@@ -93,6 +93,7 @@ class ChatCompletions(EndpointSpec):
                             "body.messages")
         for index, message in enumerate(messages):
             check_message(message, where=f"body.messages[{index}]")
+        check_sampling(body, prefix="body.")
 
     def prefix_key_of_line(self, line: ChatLine) -> int:
         messages = line.body.messages
@@ -131,7 +132,8 @@ class ChatCompletions(EndpointSpec):
         return "\n".join(parts)
 
     def simulated_body(self, *, request_id: str, model: str, created: int, text: str,
-                       finish_reason: str, usage: dict[str, int]) -> dict[str, Any]:
+                       finish_reason: str, usage: dict[str, int],
+                       request_body: dict[str, Any]) -> dict[str, Any]:
         return {
             "id": f"chatcmpl-{request_id}", "object": "chat.completion",
             "created": created, "model": model,

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from batches.endpoints.base import EndpointSpec, register, text_prefix_key
-from batches.line_checks import LineError
+from batches.line_checks import LineError, check_sampling
 from batches.line_schema import Body, CustomId, Int64
 
 
@@ -39,6 +39,7 @@ class Completions(EndpointSpec):
         if not valid:
             raise LineError("invalid_body",
                             "body.prompt must be a string or a non-empty list.", "body.prompt")
+        check_sampling(body, prefix="body.")
 
     def prefix_key_of_line(self, line: CompletionLine) -> int:
         return text_prefix_key(line.body.prompt)
@@ -55,7 +56,8 @@ class Completions(EndpointSpec):
         return prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
 
     def simulated_body(self, *, request_id: str, model: str, created: int, text: str,
-                       finish_reason: str, usage: dict[str, int]) -> dict[str, Any]:
+                       finish_reason: str, usage: dict[str, int],
+                       request_body: dict[str, Any]) -> dict[str, Any]:
         return {
             "id": f"cmpl-{request_id}", "object": "text_completion",
             "created": created, "model": model,

@@ -46,6 +46,8 @@ class SimulatedEngine(Engine):
         body = spec.simulated_body(request_id=request.request_id,
                                    model=self.config.served_model_name,
                                    created=int(time.time()), text=text,
-                                   finish_reason=finish_reason, usage=usage)
+                                   finish_reason=finish_reason, usage=usage,
+                                   request_body=request.body)
+        # An embedding has no completion: its spec's usage says so.
         return EngineResult(body=body, prompt_tokens=prompt_tokens,
-                            completion_tokens=completion_tokens)
+                            completion_tokens=body["usage"].get("completion_tokens", 0))

@@ -26,6 +26,7 @@ import os
 from http import HTTPStatus
 from typing import Any
 
+import orjson
 import pydantic
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.openai.chat_completion.protocol import (
@@ -40,9 +41,12 @@ from vllm.entrypoints.openai.completion.protocol import (
 from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
 from vllm.entrypoints.openai.models.protocol import BaseModelPath
 from vllm.entrypoints.openai.models.serving import OpenAIServingModels
+from vllm.entrypoints.pooling.embed.protocol import EmbeddingCompletionRequest
+from vllm.entrypoints.pooling.embed.serving import ServingEmbedding
 from vllm.entrypoints.serve import create_error_response
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 from vllm.exceptions import VLLMValidationError
+from vllm.renderers.chat_utils import ChatTemplateConfig
 from vllm.renderers.inputs.preprocess import extract_prompt_len
 from vllm.renderers.online_renderer import OnlineRenderer
 from vllm.usage.usage_lib import UsageContext
@@ -60,6 +64,9 @@ from inference.engines.base import (
 
 logger = logging.getLogger(__name__)
 
+# A batch line is one full answer: no streaming, one choice.
+_ONE_FULL_ANSWER = {"stream": False, "stream_options": None, "n": 1}
+NOT_GENERATIVE = "model {!r} is an embedding model: it serves embeddings only"
 # KV cache on CPU: about 23k tokens of SmolLM2-135M in float32 (45 KiB a token), so
 # one full 8k context plus many short requests. VLLM_CPU_KVCACHE_SPACE (GiB) or
 # engine_args["kv_cache_memory_bytes"] override it.
@@ -143,6 +150,7 @@ class VllmEngine(Engine):
         self._llm: AsyncLLM | None = None
         self._chat: _BatchServingChat | None = None
         self._completion: _BatchServingCompletion | None = None
+        self._embedding: ServingEmbedding | None = None
 
     @property
     def max_context_length(self) -> int:
@@ -173,8 +181,9 @@ class VllmEngine(Engine):
             # own default would be 1.0). top_p and top_k stay off.
             "generation_config": "vllm",
             "override_generation_config": {"temperature": 0.0},
-            # Batch requests often share a system prompt or few-shot prefix.
-            "enable_prefix_caching": True,
+            # Batch requests often share a system prompt or few-shot prefix: vLLM's
+            # default turns prefix caching on for every model that supports it
+            # (generative decoders), and off for embedding models, which cannot.
         }
         if config.max_context_length is not None:
             kwargs["max_model_len"] = config.max_context_length
@@ -226,16 +235,25 @@ class VllmEngine(Engine):
         )
 
     def _build_serving(self, llm: AsyncLLM) -> None:
-        """The serving objects `init_app_state` would build for run_batch."""
+        """The serving objects `init_app_state` would build for run_batch: the
+        embedding one for a pooling model, chat and completion for the others."""
         config = self.config
-        reasoning_parser = config.reasoning_parser if config.parse_thinking else None
-        tool_parser = config.tool_call_parser
         models = OpenAIServingModels(
             engine_client=llm,
             base_model_paths=[
                 BaseModelPath(name=config.served_model_name, model_path=config.model)
             ],
         )
+        if llm.model_config.runner_type == "pooling":
+            self._embedding = ServingEmbedding(
+                llm, models, request_logger=None, chat_template_config=ChatTemplateConfig())
+            return
+        self._build_generative_serving(llm, models)
+
+    def _build_generative_serving(self, llm: AsyncLLM, models: OpenAIServingModels) -> None:
+        config = self.config
+        reasoning_parser = config.reasoning_parser if config.parse_thinking else None
+        tool_parser = config.tool_call_parser
         renderer = OnlineRenderer(
             model_config=llm.model_config,
             renderer=llm.renderer,
@@ -296,7 +314,7 @@ class VllmEngine(Engine):
             raise asyncio.CancelledError
         if isinstance(response, ErrorResponse):
             return _failure_from(response)
-        if not isinstance(response, ChatCompletionResponse | CompletionResponse):
+        if not isinstance(response, dict):
             return EngineResult.failure(
                 "engine_error", f"unexpected response type {type(response).__name__}"
             )
@@ -305,8 +323,8 @@ class VllmEngine(Engine):
         usage = body["usage"]
         return EngineResult(
             body=body,
-            prompt_tokens=usage["prompt_tokens"],
-            completion_tokens=usage["completion_tokens"],
+            prompt_tokens=usage.get("prompt_tokens", 0),
+            completion_tokens=usage.get("completion_tokens", 0),
         )
 
     async def _serve(self, request: EngineRequest) -> Any:
@@ -318,27 +336,41 @@ class VllmEngine(Engine):
             raise VLLMValidationError(f"unsupported endpoint {request.endpoint!r}",
                                       parameter="url")
         # Single-model server: the body's model was only checked for presence.
-        body = {
-            **request.body,
-            "model": self.config.served_model_name,
-            "stream": False,
-            "stream_options": None,
-            "n": 1,
-            "request_id": request.request_id,
-        }
+        body = {**request.body, "model": self.config.served_model_name,
+                "request_id": request.request_id}
         return await serve(body)
 
-    # One method per endpoint spec (batches/endpoints/), named serve_<spec.name>.
+    # One method per endpoint spec (batches/endpoints/), named serve_<spec.name>: the
+    # response body as a plain dict, or vLLM's ErrorResponse.
 
-    async def serve_chat(self, body: dict[str, Any]) -> Any:
-        return await self._chat.create_chat_completion(ChatCompletionRequest.model_validate(body))
+    async def serve_chat(self, body: dict[str, Any]) -> dict[str, Any] | ErrorResponse:
+        if self._chat is None:
+            raise VLLMValidationError(NOT_GENERATIVE.format(self.config.served_model_name),
+                                      parameter="url")
+        request = ChatCompletionRequest.model_validate({**body, **_ONE_FULL_ANSWER})
+        return _dumped(await self._chat.create_chat_completion(request))
 
-    async def serve_completion(self, body: dict[str, Any]) -> Any:
-        return await self._completion.create_completion(CompletionRequest.model_validate(body))
+    async def serve_completion(self, body: dict[str, Any]) -> dict[str, Any] | ErrorResponse:
+        if self._completion is None:
+            raise VLLMValidationError(NOT_GENERATIVE.format(self.config.served_model_name),
+                                      parameter="url")
+        request = CompletionRequest.model_validate({**body, **_ONE_FULL_ANSWER})
+        return _dumped(await self._completion.create_completion(request))
+
+    async def serve_embeddings(self, body: dict[str, Any]) -> dict[str, Any] | ErrorResponse:
+        if self._embedding is None:
+            raise VLLMValidationError(
+                f"model {self.config.served_model_name!r} is not an embedding model",
+                parameter="url")
+        response = await self._embedding(EmbeddingCompletionRequest.model_validate(body))
+        if isinstance(response, ErrorResponse):
+            return response
+        # The serving class answers with an HTTP response; its body is the JSON.
+        return orjson.loads(response.body)
 
     async def shutdown(self) -> None:
         llm, self._llm = self._llm, None
-        self._chat = self._completion = None
+        self._chat = self._completion = self._embedding = None
         if llm is not None:
             llm.shutdown()
 
@@ -373,10 +405,15 @@ def _validation_message(exc: pydantic.ValidationError) -> str:
     return "invalid request body: " + "; ".join(parts)
 
 
-def _output_body(response: ChatCompletionResponse | CompletionResponse, spec: EndpointSpec,
+def _dumped(response: Any) -> dict[str, Any] | ErrorResponse:
+    if isinstance(response, ChatCompletionResponse | CompletionResponse):
+        return response.model_dump(mode="json", exclude_none=True)
+    return response
+
+
+def _output_body(body: dict[str, Any], spec: EndpointSpec,
                  served_model_name: str) -> dict[str, Any]:
     """The response as the API contract shapes it (plain, JSON-serializable dict)."""
-    body = response.model_dump(mode="json", exclude_none=True)
     body["model"] = served_model_name
     usage = body.setdefault("usage", {})
     usage["completion_tokens"] = usage.get("completion_tokens") or 0

@@ -45,6 +45,15 @@ def variants() -> list[bytes]:
         line = json.loads(json.dumps(base))
         line["body"]["messages"] = messages
         out.append(json.dumps(line).encode())
+    for text in ("hi", ["a", "b"]):
+        embedding = {"custom_id": "e", "method": "POST", "url": "/v1/embeddings",
+                     "body": {"model": "m", "input": text}}
+        for key in ("input", "encoding_format", "dimensions", "model", "temperature"):
+            for value in [*odd_values, "float", "base64", "bytes", ["a", "b"], ["a", ""],
+                          [[1, 2], [3]], [[1], []], [[1, "a"]], [1, "a"], [-1], [[-1]]]:
+                line = json.loads(json.dumps(embedding))
+                line["body"][key] = value
+                out.append(json.dumps(line).encode())
     for key in ("custom_id", "method", "url", "body"):
         for value in odd_values + ["POST", "a" * 513]:
             line = json.loads(json.dumps(base))

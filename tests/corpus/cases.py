@@ -28,6 +28,7 @@ from tests.files.helpers import MULTIPART, multipart
 INPUTS = Path(__file__).parent / "inputs"
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+EMBEDDINGS = "/v1/embeddings"
 MiB = 1024 * 1024
 
 
@@ -299,6 +300,17 @@ INPUT_FILES: list[InputFile] = [
     bad_line_2("completions_prompt_null", "invalid_body", "body.prompt", endpoint=COMPLETIONS),
     bad_line_2("completions_batch_given_a_chat_line", "invalid_url", "url",
                endpoint=COMPLETIONS),
+    # body.input and the embedding options, in a /v1/embeddings batch.
+    bad_line_2("embeddings_input_empty_string", "invalid_body", "body.input",
+               endpoint=EMBEDDINGS),
+    bad_line_2("embeddings_input_mixed_texts_and_ids", "invalid_body", "body.input",
+               endpoint=EMBEDDINGS),
+    bad_line_2("embeddings_input_negative_token_id", "invalid_body", "body.input",
+               endpoint=EMBEDDINGS),
+    bad_line_2("embeddings_encoding_format_bytes", "invalid_body", "body.encoding_format",
+               endpoint=EMBEDDINGS),
+    bad_line_2("embeddings_dimensions_zero", "invalid_body", "body.dimensions",
+               endpoint=EMBEDDINGS),
     # Output length.
     bad_line_2("max_tokens_negative", "invalid_body", "body.max_tokens"),
     bad_line_2("max_tokens_zero", "invalid_body", "body.max_tokens"),
@@ -485,7 +497,7 @@ CREATES: list[CreateBatch] = [
                 Refused(400, "invalid_input_file", "input_file_id")),
     CreateBatch("input_file_id_too_long", _json({"input_file_id": "f" * 10_000}),
                 Refused(400, "max_length", "input_file_id")),
-    CreateBatch("endpoint_embeddings", _with_file(endpoint="/v1/embeddings"),
+    CreateBatch("endpoint_responses", _with_file(endpoint="/v1/responses"),
                 Refused(400, "invalid_choice", "endpoint")),
     CreateBatch("endpoint_number", _with_file(endpoint=1), Refused(400, param="endpoint")),
     CreateBatch("completion_window_48h", _with_file(completion_window="48h"),

@@ -1,0 +1,119 @@
+"""/v1/embeddings batches: the line checks, the spec, and a batch through the
+in-process runtime on the simulated engine."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import numpy as np
+import orjson
+import pytest
+
+from batches import services
+from batches.endpoints import endpoint_spec
+from batches.models import BatchStatus, Chunk
+from batches.params import BatchParams
+from batches.validation import validate_file
+from files import storage
+from inference.engines.base import EngineConfig, EngineRequest
+from inference.engines.simulated import SimulatedEngine
+from inference.slots import estimate_tokens
+from tests.conftest import jsonl
+
+EMBEDDINGS = "/v1/embeddings"
+spec = endpoint_spec(EMBEDDINGS)
+
+
+def line(custom_id: str, text="Hello", **body) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": EMBEDDINGS,
+            "body": {"model": "m", "input": text, **body}}
+
+
+def validate(tmp_path, lines):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(jsonl(lines))
+    return validate_file(path, endpoint=EMBEDDINGS, chunk_size=10, max_line_bytes=1 << 20,
+                         max_requests=1000)
+
+
+@pytest.mark.parametrize("text", ["a text", ["one", "two"], [101, 2023, 102],
+                                  [[101, 102], [7]]], ids=["text", "texts", "tokens",
+                                                          "token-lists"])
+def test_openais_four_input_shapes_are_accepted(tmp_path, text):
+    report = validate(tmp_path, [line("a", text, encoding_format="base64", dimensions=64)])
+
+    assert (report.total, report.invalid) == (1, 0), report.errors
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"input": ""}, "body.input"),
+    ({"input": []}, "body.input"),
+    ({"input": ["a", ""]}, "body.input"),
+    ({"input": ["a", 1]}, "body.input"),
+    ({"input": [-1]}, "body.input"),
+    ({"input": [[1], []]}, "body.input"),
+    ({"input": None}, "body.input"),
+    ({"encoding_format": "bytes"}, "body.encoding_format"),
+    ({"dimensions": 0}, "body.dimensions"),
+    ({"dimensions": 1.5}, "body.dimensions"),
+    ({"model": ""}, "body.model"),
+])
+def test_a_bad_embedding_line_names_its_field(tmp_path, body, param):
+    report = validate(tmp_path, [{**line("a"), "body": {**line("a")["body"], **body}}])
+
+    assert report.invalid == 1
+    assert (report.errors[0]["code"], report.errors[0]["param"]) == ("invalid_body", param)
+
+
+def test_sampling_fields_are_left_alone_and_no_output_is_counted():
+    body = {"model": "m", "input": ["abcd" * 10, "ef"], "temperature": 9}
+    request = EngineRequest(request_id="r", custom_id="a", endpoint=EMBEDDINGS, body=body)
+
+    assert spec.resolve_body(body, BatchParams(temperature=0.5, max_decoding_length=9)) == body
+    assert estimate_tokens(request) == 42 // 4 + 1  # the input alone, no output tokens
+
+
+def test_the_simulated_engine_answers_one_vector_per_input_in_either_encoding():
+    engine = SimulatedEngine(EngineConfig(engine="simulated", model="m",
+                                          served_model_name="m-simulated"))
+
+    def embed(**body):
+        request = EngineRequest(request_id="r", custom_id="a", endpoint=EMBEDDINGS,
+                                body={"model": "m", **body})
+        return asyncio.run(engine.generate(request))
+
+    floats = embed(input=["one", "two"], dimensions=8)
+    encoded = embed(input="one", encoding_format="base64", dimensions=8)
+
+    assert [item["index"] for item in floats.body["data"]] == [0, 1]
+    first = floats.body["data"][0]["embedding"]
+    assert len(first) == 8
+    decoded = np.frombuffer(base64.b64decode(encoded.body["data"][0]["embedding"]),
+                            dtype=np.float32)
+    assert np.allclose(decoded, first)
+    assert floats.body["usage"] == {"prompt_tokens": 2, "total_tokens": 2}
+    assert floats.completion_tokens == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_embeddings_batch_runs_to_completion(runtime_factory, upload, settings):
+    settings.BATCHGEN_CHUNK_SIZE = 3
+    file = upload(jsonl([line(f"e{i}", [f"text {i}", "shared"]) for i in range(5)]))
+    batch = services.batch_create(input_file_id=file["id"], endpoint=EMBEDDINGS, model="sim")
+    batch = services.batch_validate(batch_id=batch.id)
+    runtime = runtime_factory()
+
+    for chunk in Chunk.objects.filter(batch=batch).order_by("index"):
+        runtime.run_chunk(chunk.id)
+    services.batch_finalize(batch_id=batch.id)
+
+    batch.refresh_from_db()
+    assert batch.status == BatchStatus.COMPLETED
+    assert (batch.total, batch.completed, batch.failed) == (5, 5, 0)
+    path = storage.absolute(storage.incremental_name(batch.id))
+    outputs = [orjson.loads(raw) for raw in path.read_bytes().splitlines()]
+    for output in outputs:
+        body = output["response"]["body"]
+        assert body["object"] == "list" and len(body["data"]) == 2
+        assert "completion_tokens" not in body["usage"]
