@@ -129,6 +129,11 @@ def test_engine_reports_the_model_context(vllm: EngineHarness, model_dir: Path) 
     assert vllm.engine.max_context_length == model_info(model_dir)[1]
 
 
+def test_prefix_caching_is_on_for_a_generative_model(vllm: EngineHarness) -> None:
+    # vLLM's per-model default, which BatchGen relies on (shared system prompts).
+    assert vllm.engine._llm.vllm_config.cache_config.enable_prefix_caching is True
+
+
 def test_chat_body_has_the_contract_shape_and_usage_adds_up(
     vllm: EngineHarness, model_dir: Path
 ) -> None:
