@@ -102,6 +102,15 @@ def endpoint_spec(url: str) -> EndpointSpec:
         raise ValueError(f"unknown endpoint {url!r}") from None
 
 
+def choices_with_defaults(body: dict[str, Any]) -> dict[str, Any]:
+    """Every choice carries finish_reason and logprobs, null when the engine left
+    them out (the API contract's shape)."""
+    for choice in body["choices"]:
+        choice.setdefault("finish_reason", None)
+        choice.setdefault("logprobs", None)
+    return body
+
+
 def text_prefix_key(prompt: Any) -> int:
     """The prefix key of a prompt given as text or as a list (of texts or tokens)."""
     return hash(prompt[:PREFIX_CHARS] if isinstance(prompt, str) else str(prompt)[:PREFIX_CHARS])

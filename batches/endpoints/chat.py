@@ -6,7 +6,12 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from batches.endpoints.base import PREFIX_CHARS, EndpointSpec, register
+from batches.endpoints.base import (
+    PREFIX_CHARS,
+    EndpointSpec,
+    choices_with_defaults,
+    register,
+)
 from batches.line_checks import LineError, check_sampling, shown
 from batches.line_schema import Body, CustomId, Message
 
@@ -144,9 +149,7 @@ class ChatCompletions(EndpointSpec):
         }
 
     def shape_output(self, body: dict[str, Any]) -> dict[str, Any]:
-        for choice in body["choices"]:
-            choice.setdefault("finish_reason", None)
-            choice.setdefault("logprobs", None)
+        for choice in choices_with_defaults(body)["choices"]:
             message = choice.get("message")
             if message is not None:
                 # vLLM calls the parsed thinking `reasoning`; the API contract (and

@@ -6,7 +6,12 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from batches.endpoints.base import EndpointSpec, register, text_prefix_key
+from batches.endpoints.base import (
+    EndpointSpec,
+    choices_with_defaults,
+    register,
+    text_prefix_key,
+)
 from batches.line_checks import LineError, check_sampling
 from batches.line_schema import Body, CustomId, Int64
 
@@ -67,7 +72,4 @@ class Completions(EndpointSpec):
         }
 
     def shape_output(self, body: dict[str, Any]) -> dict[str, Any]:
-        for choice in body["choices"]:
-            choice.setdefault("finish_reason", None)
-            choice.setdefault("logprobs", None)
-        return body
+        return choices_with_defaults(body)

@@ -344,18 +344,21 @@ class VllmEngine(Engine):
     # response body as a plain dict, or vLLM's ErrorResponse.
 
     async def serve_chat(self, body: dict[str, Any]) -> dict[str, Any] | ErrorResponse:
-        if self._chat is None:
-            raise VLLMValidationError(NOT_GENERATIVE.format(self.config.served_model_name),
-                                      parameter="url")
+        serving = self._generative(self._chat)
         request = ChatCompletionRequest.model_validate({**body, **_ONE_FULL_ANSWER})
-        return _dumped(await self._chat.create_chat_completion(request))
+        return _dumped(await serving.create_chat_completion(request))
 
     async def serve_completion(self, body: dict[str, Any]) -> dict[str, Any] | ErrorResponse:
-        if self._completion is None:
+        serving = self._generative(self._completion)
+        request = CompletionRequest.model_validate({**body, **_ONE_FULL_ANSWER})
+        return _dumped(await serving.create_completion(request))
+
+    def _generative(self, serving: Any) -> Any:
+        """The serving object, built only when the model generates text."""
+        if serving is None:
             raise VLLMValidationError(NOT_GENERATIVE.format(self.config.served_model_name),
                                       parameter="url")
-        request = CompletionRequest.model_validate({**body, **_ONE_FULL_ANSWER})
-        return _dumped(await self._completion.create_completion(request))
+        return serving
 
     async def serve_embeddings(self, body: dict[str, Any]) -> dict[str, Any] | ErrorResponse:
         if self._embedding is None:

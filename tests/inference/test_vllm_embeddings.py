@@ -4,7 +4,6 @@ from its wheel), through vLLM's own embedding serving class: real vectors."""
 from __future__ import annotations
 
 import base64
-import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -12,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inference.engines.base import EngineConfig, EngineRequest
+from inference.engines.base import EngineRequest
 from inference.model_prep import EMBEDDING_MODEL_NAME, prepare_embedding_model
-from tests.inference.test_vllm_engine import EngineHarness, LoopThread
+from tests.inference.test_vllm_engine import EngineHarness, running_vllm
 
 pytestmark = pytest.mark.vllm
 
@@ -31,21 +30,9 @@ def embedding_request(text: Any, **params: Any) -> EngineRequest:
 
 @pytest.fixture(scope="module")
 def embedder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineHarness]:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from inference.engines.vllm_engine import VllmEngine
-
     model_dir = prepare_embedding_model(tmp_path_factory.mktemp("models") / EMBEDDING_MODEL_NAME)
-    engine = VllmEngine(EngineConfig(engine="vllm", model=str(model_dir),
-                                     served_model_name=EMBEDDING_MODEL_NAME))
-    loop = LoopThread()
-    try:
-        loop.run(engine.start(), timeout=600)
-        yield EngineHarness(engine, loop)
-    finally:
-        try:
-            loop.run(engine.shutdown(), timeout=60)
-        finally:
-            loop.close()
+    with running_vllm(model_dir, EMBEDDING_MODEL_NAME) as harness:
+        yield harness
 
 
 def cosine(a: list[float], b: list[float]) -> float:

@@ -8,6 +8,7 @@ tokens each; the CPU makes about 60 tokens/s in all.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import threading
@@ -103,12 +104,12 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return prepare_default_model(target)
 
 
-@pytest.fixture(scope="module")
-def vllm(model_dir: Path) -> Iterator[EngineHarness]:
+@contextlib.contextmanager
+def running_vllm(model_dir: Path, served_name: str) -> Iterator[EngineHarness]:
+    """A started VllmEngine on its own loop thread, shut down on exit."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from inference.engines.vllm_engine import VllmEngine
 
-    served_name, _ = model_info(model_dir)
     engine = VllmEngine(
         EngineConfig(engine="vllm", model=str(model_dir), served_model_name=served_name)
     )
@@ -123,6 +124,12 @@ def vllm(model_dir: Path) -> Iterator[EngineHarness]:
             loop.run(engine.shutdown(), timeout=60)
         finally:
             loop.close()
+
+
+@pytest.fixture(scope="module")
+def vllm(model_dir: Path) -> Iterator[EngineHarness]:
+    with running_vllm(model_dir, model_info(model_dir)[0]) as harness:
+        yield harness
 
 
 def test_engine_reports_the_model_context(vllm: EngineHarness, model_dir: Path) -> None:
