@@ -108,6 +108,16 @@ class BatchCreateInputSerializer(serializers.Serializer):
             attrs["priority"] = int(priority)
         return attrs
 
+    def validate_endpoint(self, value):
+        """Refused here, not line by line: a chat batch on an embedding model (or the
+        reverse) would fail every one of its lines."""
+        model = served_model()
+        if value not in model.endpoints:
+            raise serializers.ValidationError(
+                f"The served model {model.id!r} does not serve {value}; it serves "
+                f"{', '.join(model.endpoints)}.", code="unsupported_endpoint")
+        return value
+
     def validate_max_context_length(self, value):
         limit = served_model().max_context_length
         if value is not None and limit and value > limit:

@@ -43,4 +43,4 @@ def served_model() -> ModelInfo:
     if limit and (context is None or limit < context):
         context = limit
     return ModelInfo(id=name, max_context_length=int(context or 0), engine=engine.name,
-                     path=str(path), endpoints=engine.endpoints)
+                     path=str(path), endpoints=engine.endpoints_for(path))

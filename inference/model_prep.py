@@ -46,6 +46,13 @@ def is_prepared(model_dir: Path) -> bool:
     return (Path(model_dir) / COMPLETE_MARKER).is_file()
 
 
+def is_embedding_model(model_dir: Path) -> bool:
+    """A sentence-transformers folder (its modules.json lists the pooling), which vLLM
+    runs on its pooling runner: it embeds and does not generate. Read from the folder
+    alone, so the web process knows it without vLLM."""
+    return (Path(model_dir) / "modules.json").is_file()
+
+
 def model_info(model_dir: Path) -> tuple[str, int]:
     """(served model name, max context length) of a Hugging Face model folder.
 

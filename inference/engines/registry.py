@@ -17,9 +17,11 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from batches.endpoints import ENDPOINTS
+from inference.model_prep import is_embedding_model
 
 if TYPE_CHECKING:
     from inference.engines.base import Engine, EngineConfig
@@ -36,7 +38,10 @@ class EngineSpec:
     # EngineConfig field -> the Django setting (batchgen_site/config.py's table) it
     # comes from, for the settings this engine alone reads.
     settings: Mapping[str, str] = field(default_factory=dict)
-    endpoints: tuple[str, ...] = tuple(ENDPOINTS)  # the batch endpoints it serves
+    endpoints: tuple[str, ...] = tuple(ENDPOINTS)  # the batch endpoints it can serve
+    # Whether the model decides among them: an embedding model serves only the
+    # endpoints that generate nothing, a generative model only the others.
+    model_decides: bool = True
     model_suffix: str = ""  # appended to the model folder's name in the served id
     default_context: int | None = None  # when the model folder does not say
     prepare_command: str | None = None  # management command that readies the model
@@ -49,6 +54,13 @@ class EngineSpec:
     def config_options(self, settings: Any) -> dict[str, Any]:
         """This engine's own EngineConfig fields, read from Django's settings."""
         return {option: getattr(settings, setting) for option, setting in self.settings.items()}
+
+    def endpoints_for(self, model_path: Path) -> tuple[str, ...]:
+        """The endpoints this engine serves with the model at `model_path`."""
+        if not self.model_decides:
+            return self.endpoints
+        generates = not is_embedding_model(model_path)
+        return tuple(url for url in self.endpoints if ENDPOINTS[url].generates == generates)
 
     def prepare_model(self) -> None:
         if self.prepare_command is not None:
@@ -91,6 +103,7 @@ register(EngineSpec(
     name="simulated",
     engine_class="inference.engines.simulated:SimulatedEngine",
     settings={"sim_latency_ms": "BATCHGEN_SIM_LATENCY_MS"},
+    model_decides=False,  # it answers every endpoint, whatever model it names
     # Its output is synthetic: the served id says so, wherever it is shown.
     model_suffix="-simulated",
     default_context=SIMULATED_CONTEXT,

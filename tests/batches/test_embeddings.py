@@ -117,3 +117,45 @@ def test_an_embeddings_batch_runs_to_completion(runtime_factory, upload, setting
         body = output["response"]["body"]
         assert body["object"] == "list" and len(body["data"]) == 2
         assert "completion_tokens" not in body["usage"]
+
+
+@pytest.fixture
+def vllm_serving(settings):
+    """The vLLM engine configured (not started) with a model folder of either kind."""
+    from inference.model_info import served_model
+    from inference.model_prep import EMBEDDING_MODEL_NAME, prepare_embedding_model
+
+    def _serve(kind: str):
+        settings.BATCHGEN_ENGINE = "vllm"
+        if kind == "embedding":
+            folder = prepare_embedding_model(settings.STORAGE_PATH / "m" / EMBEDDING_MODEL_NAME)
+        else:
+            folder = settings.STORAGE_PATH / "m" / "chat-model"
+            folder.mkdir(parents=True)
+            (folder / "config.json").write_text('{"max_position_embeddings": 8192}')
+        settings.BATCHGEN_MODEL = str(folder)
+        served_model.cache_clear()
+
+    yield _serve
+    served_model.cache_clear()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("kind, refused, taken", [
+    ("embedding", "/v1/chat/completions", EMBEDDINGS),
+    ("generative", EMBEDDINGS, "/v1/completions"),
+])
+def test_a_batch_for_an_endpoint_the_model_does_not_serve_is_refused_at_create(
+        api, upload, published, vllm_serving, kind, refused, taken):
+    from tests.files.test_api import assert_envelope
+
+    vllm_serving(kind)
+    file_id = upload(jsonl([line("a")]))["id"]
+
+    response = api.post("/v1/batches", {"input_file_id": file_id, "endpoint": refused},
+                        format="json")
+    assert_envelope(response, 400, param="endpoint", code="unsupported_endpoint")
+    assert taken in response.json()["error"]["message"]
+    accepted = api.post("/v1/batches", {"input_file_id": file_id, "endpoint": taken},
+                        format="json")
+    assert accepted.status_code == 200, accepted.content
