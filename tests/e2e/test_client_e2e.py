@@ -133,3 +133,37 @@ def test_cli_submit_and_tail(server, tmp_path):
                           env=env, capture_output=True, text=True, timeout=120)
     assert tail.returncode == 0, tail.stderr
     assert sum('"custom_id"' in line for line in tail.stdout.splitlines()) == 30
+
+
+def embedding_lines(count: int) -> bytes:
+    return b"".join(json.dumps({
+        "custom_id": f"emb-{i}", "method": "POST", "url": "/v1/embeddings",
+        "body": {"model": "m", "input": [f"text {i}", "another"]}}).encode() + b"\n"
+        for i in range(count))
+
+
+def test_openai_sdk_and_cli_embeddings_batch(server, tmp_path):
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
+    path = tmp_path / "input.jsonl"
+    path.write_bytes(embedding_lines(12))
+    input_file = client.files.create(file=path.open("rb"), purpose="batch")
+
+    batch = client.batches.create(input_file_id=input_file.id, endpoint="/v1/embeddings",
+                                  completion_window="24h")
+    BatchGenHttpClient(server.base_url).wait_for_batch(batch.id, poll_interval=0.2,
+                                                       timeout=120)
+    finished = client.batches.retrieve(batch.id)
+    assert finished.status == "completed" and finished.endpoint == "/v1/embeddings"
+    lines = [json.loads(line) for line in
+             client.files.content(finished.output_file_id).read().splitlines()]
+    assert sorted(line["custom_id"] for line in lines) == sorted(f"emb-{i}" for i in range(12))
+    body = lines[0]["response"]["body"]
+    assert body["object"] == "list" and [d["index"] for d in body["data"]] == [0, 1]
+
+    env = {**os.environ, "BATCHGEN_BASE_URL": server.base_url, "PYTHONPATH": str(ROOT)}
+    submit = subprocess.run(
+        [sys.executable, "-m", "batchgen", "submit", "input.jsonl", "-o", "output.jsonl",
+         "--endpoint", "/v1/embeddings", "--poll-interval", "0.2"], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=300)
+    assert submit.returncode == 0, submit.stderr
+    assert len(output_ids((tmp_path / "output.jsonl").read_bytes())) == 12
