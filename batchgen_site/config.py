@@ -42,4 +42,9 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
     Setting("--prefix-grouping", "BATCHGEN_PREFIX_GROUPING", "true",
             "group requests sharing a prompt prefix into the same chunks ('false' to turn off)"),
     Setting("--flower-port", "BATCHGEN_FLOWER_PORT", "5555", "Flower's port (0 = no Flower)"),
+    Setting("--inference-workers", "BATCHGEN_INFERENCE_WORKERS", "1",
+            "inference workers started here, one engine each (0: none, they run on GPU hosts)"),
+    Setting("--gpus-per-worker", "BATCHGEN_GPUS_PER_WORKER", "0",
+            "GPUs each inference worker gets as its own CUDA_VISIBLE_DEVICES slice "
+            "(0: no slicing, every worker sees every GPU)"),
 )

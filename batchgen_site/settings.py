@@ -42,6 +42,10 @@ BATCHGEN_TOOL_CALL_PARSER = env("BATCHGEN_TOOL_CALL_PARSER", default="") or None
 # Tokens (prompt + output, estimated) a worker admits into its engine at once;
 # 0 = the engine's KV cache capacity (vLLM), unlimited for the simulated engine.
 BATCHGEN_TOKEN_BUDGET = env.int("BATCHGEN_TOKEN_BUDGET", default=0) or None
+# Inference workers `manage.py serve` starts on this host, and the GPUs each one gets
+# (worker i: GPUs i*K .. i*K+K-1 of the visible ones; 0 = every worker sees them all).
+BATCHGEN_INFERENCE_WORKERS = env.int("BATCHGEN_INFERENCE_WORKERS", default=1)
+BATCHGEN_GPUS_PER_WORKER = env.int("BATCHGEN_GPUS_PER_WORKER", default=0)
 BATCHGEN_SIM_LATENCY_MS = env.float("BATCHGEN_SIM_LATENCY_MS", default=0.0)
 BATCHGEN_ENGINE_ARGS = json.loads(env("BATCHGEN_ENGINE_ARGS", default="{}"))
 BATCHGEN_MAX_UPLOAD_BYTES = env.int("BATCHGEN_MAX_UPLOAD_BYTES", default=10 * 1024**3)
