@@ -1,0 +1,148 @@
+"""The fleet on PostgreSQL and RabbitMQ: four inference workers (`serve
+--inference-workers 4`) share a large and a small batch and a cancelled one while one
+worker is SIGKILLed, one is stopped with SIGTERM and one more joins mid-batch.
+
+What must hold: each custom_id exactly once, no 5xx on any call, the small batch done
+before the large one is a quarter done, a stopped worker's chunks handed back at once
+(the lease is 120 s: waiting for it would show), a joining worker running chunks
+within seconds, and no error line (deadlock, a task that raised, a traceback) in any
+process's log. The properties are gathered and asserted together at the end, so one
+run reports every one that does not hold."""
+
+from __future__ import annotations
+
+import collections
+import signal
+import time
+from datetime import UTC, datetime
+
+import psutil
+
+from tests.e2e.harness import chat_lines, output_ids, wait_until
+from tests.faults.faults import assert_each_custom_id_once, request_ids
+from tests.fleet.fleet import chunks_held, error_lines, one_worker, pg_query
+
+FINISHED = {"completed", "failed", "cancelled"}
+LARGE, SMALL, CANCELLED = 3_000, 80, 2_000
+LEASE_SECONDS = 120
+# 500 ms a request and 16 slots a worker: 32 requests/s per worker, so a chunk of 40
+# runs for seconds (a stopping worker that ran its chunks to the end instead of
+# handing them back would be seen doing it) and four workers stay within what two
+# cores can orchestrate.
+SETTINGS = {"BATCHGEN_SIM_LATENCY_MS": "500", "BATCHGEN_MAX_POOL_SIZE": "16",
+            "BATCHGEN_CHUNK_SIZE": "40", "BATCHGEN_CHUNK_LEASE_SECONDS": str(LEASE_SECONDS)}
+HAND_BACK_SECONDS = 10  # a stopped worker's chunks are queued again within this
+JOIN_SECONDS = 30  # a joining worker (process start included) runs a chunk within this
+
+
+def finished(batch: dict) -> int:
+    return batch["request_counts"]["completed"] + batch["request_counts"]["failed"]
+
+
+def test_four_workers_survive_kill_stop_and_join_with_exactly_once_output(
+        fleet_backends, start_fleet):
+    database_url, broker_url = fleet_backends
+    fleet = start_fleet(workers=4, database_url=database_url, broker_url=broker_url,
+                        **SETTINGS)
+    api, server = fleet.api, fleet.server
+    problems: list[str] = []
+
+    def completed_of(batch_id: str, at_least: int) -> dict:
+        return wait_until(lambda: finished(b := api.batch(batch_id)) >= at_least and b,
+                          timeout=240, interval=0.25, message=f"{at_least} finished requests")
+
+    # Given: a large batch running on the four workers, then a small one behind it
+    # and one that will be cancelled
+    large_file = api.upload(chat_lines(LARGE, prefix="large"))
+    small_file = api.upload(chat_lines(SMALL, prefix="small"))
+    cancel_file = api.upload(chat_lines(CANCELLED, prefix="cancel"))
+    large = api.create_batch(large_file["id"]).json()
+    api.wait_status(large["id"], {"in_progress"}, timeout=60)
+    small = api.create_batch(small_file["id"]).json()
+    doomed = api.create_batch(cancel_file["id"]).json()
+
+    # When: the small batch finishes, the third is cancelled once it runs
+    small_done = api.wait_status(small["id"], FINISHED, timeout=120)
+    large_then = finished(api.batch(large["id"]))
+    if large_then >= LARGE / 4:
+        problems.append(f"the small batch finished only when the large one had {large_then}"
+                        f" of {LARGE} done")
+    completed_of(doomed["id"], 1)
+    cancelling = api.http.post(f"/v1/batches/{doomed['id']}/cancel")
+    assert cancelling.status_code == 200, cancelling.text
+
+    # When: one worker is SIGKILLed (the supervisor restarts it)
+    completed_of(large["id"], LARGE // 10)
+    killed = one_worker(server, 1)
+    killed.send_signal(signal.SIGKILL)
+    psutil.wait_procs([killed], timeout=10)
+
+    # When: another is stopped with SIGTERM while it runs chunks
+    completed_of(large["id"], LARGE // 5)
+    stopped = one_worker(server, 2)
+    held = wait_until(lambda: running_chunks(database_url, stopped.pid), timeout=60,
+                      interval=0.1, message="inference2 running chunks")
+    stopped_at = datetime.now(UTC)
+    stopped.send_signal(signal.SIGTERM)
+    handed_back = wait_for(lambda: chunks_held(database_url, stopped.pid) == 0,
+                           timeout=HAND_BACK_SECONDS)
+    if not handed_back:
+        problems.append(f"inference2 still held {chunks_held(database_url, stopped.pid)} "
+                        f"running chunk(s) {HAND_BACK_SECONDS} s after SIGTERM")
+
+    # When: a fifth worker joins mid-batch
+    joined_at = time.monotonic()
+    joining = fleet.add_worker("inference5")
+    took = wait_for(lambda: chunks_held(database_url, joining.process.pid) > 0,
+                    timeout=JOIN_SECONDS, interval=0.1)
+    if not took:
+        problems.append(f"the joining worker ran no chunk within {JOIN_SECONDS} s")
+    join_seconds = round(time.monotonic() - joined_at, 1)
+
+    # Then: every batch ends, each custom_id once
+    done = api.wait_status(large["id"], FINISHED, timeout=300)
+    assert_each_custom_id_once(api, done, request_ids(LARGE, "large"))
+    assert_each_custom_id_once(api, small_done, request_ids(SMALL, "small"))
+    cancelled = api.wait_status(doomed["id"], FINISHED, timeout=120)
+    assert cancelled["status"] == "cancelled", cancelled
+    if cancelled.get("output_file_id"):
+        ids = output_ids(api.content(cancelled["output_file_id"]))
+        assert len(ids) == len(set(ids)) and set(ids) <= request_ids(CANCELLED, "cancel")
+
+    # Then: the stopped worker ran none of its chunks on to the end after SIGTERM
+    ran_on = stopped_worker_closed_after(database_url, stopped.pid, held, stopped_at)
+    if ran_on:
+        problems.append(f"inference2 kept running {len(ran_on)} of its {len(held)} chunks "
+                        f"to the end after SIGTERM instead of handing them back: {ran_on}")
+    problems.extend(f"5xx: {e}" for e in api.server_errors)
+    problems.extend(error_lines(fleet.logs, expected_exits=[killed.pid, stopped.pid]))
+    assert problems == [], (f"{len(problems)} problem(s) (joining worker's first chunk after "
+                            f"{join_seconds} s):\n" + "\n".join(problems[:60]))
+
+
+def wait_for(predicate, *, timeout: float, interval: float = 0.25) -> bool:
+    try:
+        wait_until(predicate, timeout=timeout, interval=interval)
+    except TimeoutError:
+        return False
+    return True
+
+
+def running_chunks(database_url: str, pid: int) -> list[int]:
+    return [row[0] for row in pg_query(
+        database_url, "SELECT id FROM batches_chunk WHERE status = 'running' AND worker LIKE %s",
+        (f"%:{pid}:%",))]
+
+
+def stopped_worker_closed_after(database_url: str, pid: int, chunk_ids: list[int],
+                                stopped_at: datetime, grace: float = 1.0) -> dict:
+    """Chunks the stopped worker closed itself more than `grace` s after SIGTERM
+    (a chunk whose last result was in flight as the signal came may close at once)."""
+    rows = pg_query(database_url,
+                    "SELECT id, status, finished_at FROM batches_chunk WHERE id = ANY(%s) "
+                    "AND worker LIKE %s", (chunk_ids, f"%:{pid}:%"))
+    late = {}
+    for chunk_id, status, finished_at in rows:
+        if finished_at is not None and (finished_at - stopped_at).total_seconds() > grace:
+            late[chunk_id] = f"{status} at +{(finished_at - stopped_at).total_seconds():.1f} s"
+    return collections.OrderedDict(sorted(late.items()))
