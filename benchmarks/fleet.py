@@ -53,7 +53,7 @@ from tests.faults.faults import PrivateRabbitMQ  # noqa: E402
 from tests.fleet.fleet import pg_query  # noqa: E402
 
 GOAL_EFFICIENCY = 0.8  # N workers at least 0.8 x N times one worker
-IDLE_SECONDS = 15.0  # the idle window before each batch
+IDLE_SECONDS = 20.0  # the idle window before each batch
 ROLES = ["web worker", "control worker", "inference worker"]
 DB_COUNTERS = ["xact_commit", "xact_rollback", "tup_returned", "tup_fetched", "tup_inserted",
                "tup_updated", "tup_deleted"]
@@ -157,6 +157,63 @@ def _cpu(process: psutil.Process) -> float:
     except psutil.Error:
         return 0.0
     return times.user + times.system
+
+
+# --- baselines: what the database and the broker do alone on this machine ---------------------
+
+
+def pgbench_tps(seconds: float) -> dict:
+    """pgbench's simple-update transaction (-N: one UPDATE, one SELECT, one INSERT) with
+    8 clients, on a fresh database of the same server: the primary's own rate here."""
+    import shutil
+    import subprocess
+
+    if shutil.which("pgbench") is None:
+        return {"tps": None, "note": "pgbench not installed"}
+    url, drop = fresh_postgres_database(services.POSTGRES_URL)
+    try:
+        subprocess.run(["pgbench", "-i", "-s", "10", "-q", url], check=True,
+                       capture_output=True, timeout=300)
+        done = subprocess.run(["pgbench", "-N", "-c", "8", "-j", "2", "-T", str(int(seconds)),
+                               url], check=True, capture_output=True, text=True,
+                              timeout=seconds + 120)
+    finally:
+        drop()
+    tps = re.search(r"tps = ([\d.]+)", done.stdout)
+    return {"tps": round(float(tps.group(1))) if tps else None, "clients": 8,
+            "workload": "pgbench -N (simple update), scale 10", "seconds": seconds}
+
+
+def broker_round_trips(url: str, count: int = 20_000) -> dict:
+    """One Python client publishes `count` persistent messages to a durable queue and
+    consumes them (acknowledged): a lower bound of the node's rate, the client being
+    the limit."""
+    from kombu import Connection, Exchange, Queue
+
+    queue = Queue("fleet-baseline", Exchange("fleet-baseline", type="direct"),
+                  routing_key="fleet-baseline", durable=True)
+    body = {"chunk_id": 123456, "batch_id": "batch_0123456789abcdef"}
+    with Connection(url) as connection:
+        producer = connection.Producer()
+        started = time.perf_counter()
+        for _ in range(count):
+            producer.publish(body, exchange=queue.exchange, routing_key="fleet-baseline",
+                             declare=[queue], delivery_mode=2, serializer="json")
+        published = time.perf_counter() - started
+        received = 0
+
+        def on_message(_body, message):
+            nonlocal received
+            received += 1
+            message.ack()
+
+        started = time.perf_counter()
+        with connection.Consumer(queue, callbacks=[on_message], prefetch_count=100):
+            while received < count:
+                connection.drain_events(timeout=10)
+        consumed = time.perf_counter() - started
+    return {"messages": count, "published_per_s": round(count / published),
+            "consumed_per_s": round(count / consumed)}
 
 
 # --- one run -----------------------------------------------------------------------------------
@@ -263,6 +320,8 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=50)
     parser.add_argument("--quick", action="store_true", help="1 and 2 workers, 600 each")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--baseline-seconds", type=float, default=15,
+                        help="how long pgbench runs for the database's own rate")
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
     parser.add_argument("--server-env", action="append", metavar="BATCHGEN_X=VALUE",
                         help="extra server setting for every run (repeatable)")
@@ -284,6 +343,15 @@ def main() -> None:
     with scratch_dir("fleet", keep=args.keep) as work:
         broker = Broker(work / "rabbitmq").start()
         try:
+            print("baselines: pgbench on the same PostgreSQL, one client on the broker ...",
+                  flush=True)
+            wait_for_quiet()
+            baselines = {"postgresql": pgbench_tps(args.baseline_seconds)}
+            broker_baseline = broker_round_trips(broker.vhost())
+            baselines["rabbitmq"] = broker_baseline
+            print(f"  pgbench {baselines['postgresql']['tps']} tps; broker "
+                  f"{broker_baseline['published_per_s']:,} published/s, "
+                  f"{broker_baseline['consumed_per_s']:,} consumed/s", flush=True)
             for workers in counts:
                 print(f"{workers} worker(s): {per_worker * workers:,} requests ...", flush=True)
                 runs.append(run_fleet(work, broker, workers=workers,
@@ -327,7 +395,8 @@ def main() -> None:
                 ["workers", *ROLES, "postgres", "rabbitmq"],
                 [[r["workers"], *r["cpu_seconds"].values()] for r in runs])
     write_results(args.name, {"settings": settings, "requests_per_worker": per_worker,
-                              "goal_efficiency": GOAL_EFFICIENCY, "runs": runs})
+                              "goal_efficiency": GOAL_EFFICIENCY, "baselines": baselines,
+                              "runs": runs})
 
 
 if __name__ == "__main__":

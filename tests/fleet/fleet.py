@@ -127,7 +127,8 @@ class ExtraWorker:
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "batchgen_site", "worker", "-Q", "inference",
-             "-n", f"{self.name}@%h", "--loglevel", "INFO"],
+             "-n", f"{self.name}@%h", "--without-gossip", "--without-mingle",
+             "--loglevel", "INFO"],
             cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True)
         return self

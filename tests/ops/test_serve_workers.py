@@ -88,6 +88,8 @@ def test_n_workers_each_with_its_own_node_name(settings):
     found = inference_programs()
     assert [node_name(p) for p in found] == [f"inference{i}@%h" for i in range(1, 5)]
     assert all(p.argv[p.argv.index("-Q") + 1] == "inference" for p in found)
+    # Workers do not gossip: each would receive every other's heartbeat events
+    assert all({"--without-gossip", "--without-mingle"} <= set(p.argv) for p in found)
     names = [p.name for p in programs()]
     assert names[-1] == "flower" and names.index("control") < names.index("inference1")
 

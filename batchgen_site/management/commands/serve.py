@@ -179,6 +179,9 @@ def inference_workers(celery: list[str], *, workers: int,
         logger.warning("%s inference workers share every GPU of this host; give each its "
                        "own with --gpus-per-worker", workers)
     programs = []
+    # No gossip, no mingle: BatchGen's workers share their state through the database,
+    # and with gossip every worker receives every other worker's heartbeat event (N^2
+    # deliveries: at 1,000 workers, half a million a second, docs/deployment.md).
     for number, cuda_devices in enumerate(devices, start=1):
         env = None
         if cuda_devices is not None:
@@ -186,7 +189,7 @@ def inference_workers(celery: list[str], *, workers: int,
             logger.info("inference%s: CUDA_VISIBLE_DEVICES=%s", number, cuda_devices)
         programs.append(Program(f"inference{number}", [
             *celery, "worker", "-Q", "inference", "-n", f"inference{number}@%h",
-            "--loglevel", "INFO",
+            "--without-gossip", "--without-mingle", "--loglevel", "INFO",
         ], env=env, group="inference"))
     return programs
 
