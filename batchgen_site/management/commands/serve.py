@@ -75,7 +75,7 @@ class Command(BaseCommand):
         # Programs first: a fleet that does not fit the host's GPUs is refused before
         # anything starts.
         programs = self._programs(options)
-        self._prepare(migrate=not options["inference_only"])
+        self._prepare(web=not options["inference_only"])
         Supervisor(programs).run()
 
     def _environment(self, options) -> dict[str, str]:
@@ -92,12 +92,12 @@ class Command(BaseCommand):
             env[setting.env] = "true" if value is True else str(value)
         return env
 
-    def _prepare(self, *, migrate: bool = True) -> None:
+    def _prepare(self, *, web: bool = True) -> None:
+        """`web`: this host serves the API. A GPU host (--inference-only) leaves the
+        migrations to it (several hosts migrating one database at once would race)."""
         for path in (settings.UPLOADS_DIR, settings.INCREMENTAL_DIR, settings.RUN_DIR):
             path.mkdir(parents=True, exist_ok=True)
-        if migrate:
-            # A GPU host (--inference-only) leaves migrations to the web host: several
-            # hosts migrating one database at once would race.
+        if web:
             call_command("migrate", interactive=False, verbosity=0)
         if settings.BATCHGEN_ENGINE == "vllm":
             call_command("prepare_model")
@@ -111,7 +111,7 @@ class Command(BaseCommand):
                            "and fault tests only")
         from batchgen_site.auth import auth_required
 
-        if listen_ip not in ("127.0.0.1", "::1", "localhost") and not auth_required():
+        if web and listen_ip not in ("127.0.0.1", "::1", "localhost") and not auth_required():
             logger.warning("listening on %s without API keys: anyone who reaches this address "
                            "can use the API (create a key with `manage.py createapikey NAME`)",
                            listen_ip)
