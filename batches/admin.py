@@ -282,7 +282,7 @@ class BatchAdmin(ReadOnlyAdmin):
             "", "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
             ((e.get("line", ""), e.get("code", ""), e.get("param") or "", e.get("message", ""))
              for e in obj.errors[:ERRORS_SHOWN]))
-        more = len(obj.errors) - ERRORS_SHOWN
+        more = max(obj.line_errors_total, len(obj.errors)) - min(len(obj.errors), ERRORS_SHOWN)
         return format_html(
             "<table class='bg-errors'><thead><tr><th>line</th><th>code</th><th>param</th>"
             "<th>message</th></tr></thead><tbody>{}</tbody></table>{}", rows,

@@ -18,6 +18,7 @@ from array import array
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
 CHAT = "/v1/chat/completions"
@@ -35,7 +36,10 @@ def prefix_key_of_line(line) -> int:
     body = line.body
     if hasattr(body, "messages"):
         first = body.messages[0]
-        content = first.content if isinstance(first.content, str) else str(first.content)
+        content = first.content
+        if not isinstance(content, str):
+            # As the slow path sees them: the parts as dicts, not as msgspec structs.
+            content = str(msgspec.to_builtins(content))
         if len(body.messages) == 1:
             content = content[:PREFIX_CHARS]
         return hash((first.role, content))

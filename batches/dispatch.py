@@ -10,32 +10,45 @@ by requests/priority as it is served, and the lowest pass goes next. Equal
 priorities give round-robin by requests; priority 3 gets three times the share of
 priority 1. A batch joining the race starts at the lowest pass of those already
 running, so it neither starves them nor waits behind them.
+
+Where it runs: the control worker's tick (every second) and, after a flush that
+closed or released chunks, the inference worker that flushed. Dispatchers serialise
+on the `dispatch` ControlLock and do not queue for it: one that finds it held skips,
+since the holder, the next flush or the next tick covers its turn. So closing
+chunks never makes a queue of dispatch transactions, however many workers close
+them at once.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 from collections import deque
+from collections.abc import Callable
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import Min
+from django.utils import timezone
 
-from batches import intake
-from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
-from inference.selectors import live_workers
+from batches.locks import lock_control, lock_ids
+from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, ControlLock
+from batchgen_site.celery import QueueName, app
+from batchgen_site.transient import retry_transient
 
 MIN_WINDOW = 4
 
 
+def _no_workers_known() -> int:
+    return MIN_WINDOW
+
+
+# How many chunks the live workers' chunk threads can hold: the SchedulingPool's
+# business, so the inference app sets it at start-up (batches never imports it).
+window_source: Callable[[], int] = _no_workers_known
+
+
 def dispatch_window() -> int:
-    """Chunks to keep dispatched but unclaimed: what the live workers' chunk threads
-    can hold (see inference.signals.inference_concurrency), plus a little slack."""
-    window = 0
-    for capacity in live_workers().values_list("slots_capacity", flat=True):
-        window += math.ceil(capacity / settings.BATCHGEN_CHUNK_SIZE) + 2
-    return max(MIN_WINDOW, window + 2)
+    """Chunks to keep dispatched but unclaimed."""
+    return max(MIN_WINDOW, window_source())
 
 
 def starting_pass() -> float:
@@ -45,14 +58,18 @@ def starting_pass() -> float:
     return low or 0.0
 
 
-def dispatch() -> int:
+@retry_transient
+def dispatch(*, wait: bool = True) -> int:
     """Dispatch chunks until the window is full; returns how many. Safe to call from
-    any process at any time: concurrent calls serialise on the intake pool's lock."""
-    from batches.services import publish_chunks
+    any process at any time. With wait=False, returns 0 at once when another
+    dispatch holds the lock.
 
+    Locks (batches.locks): the dispatch ControlLock, the chosen pending chunk rows,
+    then the batch rows whose pass moved, each in ascending id."""
     refs: list[tuple[str, int, int]] = []
     with transaction.atomic():
-        intake._locked_pool()
+        if not lock_control(ControlLock.DISPATCH, wait=wait):
+            return 0
         room = dispatch_window() - Chunk.objects.filter(status=ChunkStatus.QUEUED).count()
         if room <= 0:
             return 0
@@ -78,11 +95,41 @@ def dispatch() -> int:
             heapq.heappush(heap, (passed, batch_id, priority))
         if not refs:
             return 0
-        Chunk.objects.filter(id__in=[r[1] for r in refs], status=ChunkStatus.PENDING).update(
-            status=ChunkStatus.QUEUED, published_at=None)
-        for batch_id, passed in advanced.items():
-            Batch.objects.filter(id=batch_id).update(dispatch_pass=passed)
-        transaction.on_commit(lambda: publish_chunks(refs))
+        # A cancel may have skipped some meanwhile: only the still-pending ones go.
+        still = set(lock_ids(Chunk.objects.filter(id__in=[r[1] for r in refs],
+                                                  status=ChunkStatus.PENDING)))
+        refs = [ref for ref in refs if ref[1] in still]
+        Chunk.objects.filter(id__in=still).update(status=ChunkStatus.QUEUED, published_at=None)
+        for batch_id in lock_ids(Batch.objects.filter(id__in=advanced)):
+            Batch.objects.filter(id=batch_id).update(dispatch_pass=advanced[batch_id])
+        # robust: the dispatch is committed whatever the broker does; chunks whose
+        # publish failed stay unpublished and recovery publishes them.
+        transaction.on_commit(lambda: publish_chunks(refs), robust=True)
     return len(refs)
 
 
+def publish_chunks(refs: list[tuple[str, int, int]]) -> None:
+    """Publish one message per chunk to the inference queue, by reference and by
+    task name (only tasks.py modules import tasks). Chunks whose publish fails stay
+    unpublished; recovery publishes them again."""
+    published: list[int] = []
+    try:
+        with app.producer_or_acquire() as producer:
+            for batch_id, chunk_id, index in refs:
+                app.send_task("inference.run_chunk", args=(batch_id, chunk_id),
+                              queue=QueueName.INFERENCE.value, producer=producer,
+                              shadow=f"chunk {batch_id}#{index}")
+                published.append(chunk_id)
+    finally:
+        now = timezone.now()
+        for start in range(0, len(published), 1000):
+            Chunk.objects.filter(id__in=published[start:start + 1000]).update(published_at=now)
+
+
+def send_finalize(batch_id: str) -> None:
+    """Ask the control worker to finalize a batch whose last chunk closed."""
+    app.send_task("batches.finalize_batch", args=(batch_id,), queue=QueueName.CONTROL.value)
+
+
+def send_validate(batch_id: str) -> None:
+    app.send_task("batches.validate_batch", args=(batch_id,), queue=QueueName.CONTROL.value)

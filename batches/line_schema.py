@@ -4,6 +4,10 @@ msgspec decodes and checks a line in one pass in C. Every line it accepts is one
 rule-by-rule checks in batches/validation.py accept too (the types here are no more
 lenient); a line it refuses goes through those checks, which name the exact problem.
 So the precise error codes cost nothing on valid input.
+
+Where a rule needs two fields at once the types are stricter than the checks, never
+looser: an assistant message must have `content` here, while the checks also take
+one that carries only tool calls. Such lines take the slow path.
 """
 
 from __future__ import annotations
@@ -12,31 +16,77 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-# orjson (the slow path) reads integers past 64 bits as floats, which the checks
-# refuse; the bounds keep the fast path from accepting them.
-INT64_MAX = 2**63 - 1
-PositiveInt = Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
-Int64 = Annotated[int, msgspec.Meta(ge=-INT64_MAX - 1, le=INT64_MAX)]
+from batches.params import INT64_MAX, SAMPLING_BOUNDS, Bound
+
 CustomId = Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+Int64 = Annotated[int, msgspec.Meta(ge=-INT64_MAX - 1, le=INT64_MAX)]
 
 
-class Message(msgspec.Struct):
-    role: str
-    content: Any = None
+# --- messages: a tagged union on `role`, content parts on `type` ---------------------------
 
 
-class _Body(msgspec.Struct, kw_only=True):
-    model: Annotated[str, msgspec.Meta(min_length=1)]
-    max_tokens: PositiveInt | None = None
-    max_completion_tokens: PositiveInt | None = None
-    max_decoding_length: PositiveInt | None = None
-    max_context_length: PositiveInt | None = None
-    # Finite bounds: JSON has no infinity, but 1e999 would decode to one.
-    temperature: Annotated[float, msgspec.Meta(ge=0, le=1e300)] | None = None
-    top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
-    top_k: Annotated[int, msgspec.Meta(ge=-1, le=INT64_MAX)] | None = None
-    n: Literal[1] | None = None
-    stream: Literal[False] | None = None
+class TextPart(msgspec.Struct, tag_field="type", tag="text"):
+    text: str
+
+
+class ImagePart(msgspec.Struct, tag_field="type", tag="image_url"):
+    image_url: Any
+
+
+Content = str | Annotated[list[TextPart | ImagePart], msgspec.Meta(min_length=1)]
+
+
+class _Message(msgspec.Struct, tag_field="role"):
+    content: Content
+
+    @property
+    def role(self) -> str:
+        return self.__struct_config__.tag
+
+
+class SystemMessage(_Message, tag="system"):
+    pass
+
+
+class DeveloperMessage(_Message, tag="developer"):
+    pass
+
+
+class UserMessage(_Message, tag="user"):
+    pass
+
+
+class AssistantMessage(_Message, tag="assistant"):
+    tool_calls: list[Any] | None = None
+
+
+class ToolMessage(_Message, tag="tool"):
+    tool_call_id: str
+
+
+Message = SystemMessage | DeveloperMessage | UserMessage | AssistantMessage | ToolMessage
+
+
+# --- bodies: the sampling fields come from the one table of bounds -------------------------
+
+
+def _bounded(bound: Bound) -> Any:
+    if bound.integer:
+        return Annotated[int, msgspec.Meta(ge=bound.low, le=bound.high)]
+    if bound.low_open:
+        return Annotated[float, msgspec.Meta(gt=bound.low, le=bound.high)]
+    return Annotated[float, msgspec.Meta(ge=bound.low, le=bound.high)]
+
+
+_Body = msgspec.defstruct(
+    "_Body",
+    [("model", Annotated[str, msgspec.Meta(min_length=1)]),
+     *[(name, _bounded(bound) | None, None) for name, bound in SAMPLING_BOUNDS.items()],
+     ("n", Literal[1] | None, None),
+     ("stream", Literal[False] | None, None)],
+    kw_only=True,
+    module=__name__,
+)
 
 
 class ChatBody(_Body, kw_only=True):

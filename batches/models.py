@@ -48,6 +48,9 @@ class Batch(models.Model):
 
     created_at = models.DateTimeField(default=timezone.now)
     validation_started_at = models.DateTimeField(null=True, blank=True)
+    # How often recovery ran a lost validation again (bounded by
+    # BATCHGEN_VALIDATION_MAX_RESTARTS, then the batch fails).
+    validation_restarts = models.PositiveSmallIntegerField(default=0)
     in_progress_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField()
     finalizing_at = models.DateTimeField(null=True, blank=True)
@@ -60,11 +63,15 @@ class Batch(models.Model):
     completed = models.IntegerField(default=0)
     failed = models.IntegerField(default=0)
     # Intake capacity this batch still holds: reserved at enqueue, returned as its
-    # requests finish, fail or are skipped (see batches.intake).
+    # requests finish, fail or are skipped. The IntakePool's size is the sum over
+    # active batches (batches.intake): no global counter row to contend on.
     intake_reserved = models.IntegerField(default=0)
 
     error = models.JSONField(null=True, blank=True)  # {"code", "message"}
-    errors = models.JSONField(null=True, blank=True)  # [{"code","message","line","param"}]
+    # The first ERRORS_SHOWN bad input lines, as the batch object shows them
+    # ([{"code","message","line","param"}]); all that are kept are LineError rows.
+    errors = models.JSONField(null=True, blank=True)
+    line_errors_total = models.IntegerField(default=0)  # every bad line, kept or not
     metadata = models.JSONField(null=True, blank=True)
 
     max_decoding_length = models.IntegerField(null=True, blank=True)
@@ -85,7 +92,12 @@ class Batch(models.Model):
     class Meta:
         ordering = ["-id"]
         verbose_name_plural = "batches"
-        indexes = [models.Index(fields=["input_file", "status"])]
+        indexes = [
+            models.Index(fields=["input_file", "status"]),
+            # The IntakePool's size sums the few batches holding capacity (batches.intake).
+            models.Index(fields=["intake_reserved"], name="batch_intake_holders",
+                         condition=models.Q(intake_reserved__gt=0)),
+        ]
 
     def __str__(self) -> str:
         return self.id
@@ -93,6 +105,30 @@ class Batch(models.Model):
     @property
     def is_active(self) -> bool:
         return self.status in ACTIVE_STATUSES
+
+
+# How many line errors the batch object carries: a poll stays small however many
+# lines failed (GET /v1/batches/{id}/errors pages through the rest).
+ERRORS_SHOWN = 100
+
+
+class LineError(models.Model):
+    """One bad line of a batch's input, as validation found it (at most one per line;
+    at most batches.validation.MAX_LISTED_ERRORS per batch)."""
+
+    batch = models.ForeignKey(Batch, on_delete=models.CASCADE, related_name="line_errors")
+    line = models.IntegerField()  # 1-based
+    code = models.CharField(max_length=64)
+    message = models.TextField()
+    param = models.TextField(null=True, blank=True)  # noqa: DJ001 - null is "no parameter", as in the API
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["batch", "line"], name="line_error_unique_line"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.batch_id} line {self.line}: {self.code}"
 
 
 class ChunkStatus(models.TextChoices):
@@ -137,12 +173,17 @@ class Chunk(models.Model):
         return f"{self.batch_id}#{self.index}"
 
 
-class IntakePool(models.Model):
-    """One row: the requests admitted to the IntakePool and not yet finished.
-    Reservations lock this row, so capacity checks are atomic across processes."""
+class ControlLock(models.Model):
+    """A named lock of the control plane: a row taken FOR UPDATE by the one kind of
+    transaction that must run alone. `admission` serialises intake reservations (so
+    the IntakePool never over-admits); `dispatch` serialises the dispatcher. Neither
+    is taken on the per-request path: a worker's progress only touches its own chunk
+    and batch rows. The lock order is in docs/architecture.md ("Locks")."""
 
-    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
-    reserved = models.BigIntegerField(default=0)
+    ADMISSION = "admission"
+    DISPATCH = "dispatch"
+
+    name = models.CharField(primary_key=True, max_length=32)
 
     def __str__(self) -> str:
-        return f"intake pool ({self.reserved} reserved)"
+        return self.name

@@ -5,6 +5,11 @@ Sampling: the request body's value > the batch-level value > the server default
 Output tokens: the body's max_completion_tokens or max_tokens > the batch's
 max_decoding_length > what remains of the context (left to the engine, which knows
 the prompt's length).
+
+Bounds: SAMPLING_BOUNDS is the one table of what each numeric parameter may be. The
+line checks (batches/validation.py), the msgspec fast path (batches/line_schema.py)
+and the batch-level fields at create (batches/serializers.py) are all built from it,
+so a line and a batch are held to the same ranges.
 """
 
 from __future__ import annotations
@@ -15,6 +20,54 @@ from typing import Any
 CHAT = "/v1/chat/completions"
 SAMPLING_KEYS = ("temperature", "top_p", "top_k")
 GREEDY_TEMPERATURE = 0.0
+INT64_MAX = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """What a numeric parameter may be: an integer or any number, from `low` to
+    `high`; with `low_open`, `low` itself is refused."""
+
+    integer: bool
+    low: int
+    high: int = INT64_MAX
+    low_open: bool = False
+
+    def admits(self, value: Any) -> bool:
+        kind = int if self.integer else (int, float)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return False
+        # NaN fails both comparisons; JSON has no infinity.
+        above = value > self.low if self.low_open else value >= self.low
+        return above and value <= self.high
+
+    @property
+    def must(self) -> str:
+        kind = "an integer" if self.integer else "a number"
+        if self.high == INT64_MAX:
+            return f"must be {kind} >= {self.low}"
+        if self.low_open:
+            return f"must be {kind} in ({self.low}, {self.high}]"
+        return f"must be {kind} from {self.low} to {self.high}"
+
+
+_COUNT = Bound(integer=True, low=1)
+# OpenAI's ranges (API reference, "Create chat completion"), except where the engine
+# is narrower: vLLM refuses top_p 0, which OpenAI takes. top_k is vLLM's (-1 = off).
+# Integers stop at 64 bits: the JSON parsers read larger ones as floats.
+SAMPLING_BOUNDS: dict[str, Bound] = {
+    "max_tokens": _COUNT,
+    "max_completion_tokens": _COUNT,
+    "max_decoding_length": _COUNT,
+    "max_context_length": _COUNT,
+    "temperature": Bound(integer=False, low=0, high=2),
+    "top_p": Bound(integer=False, low=0, high=1, low_open=True),
+    "top_k": Bound(integer=True, low=-1),
+    "presence_penalty": Bound(integer=False, low=-2, high=2),
+    "frequency_penalty": Bound(integer=False, low=-2, high=2),
+    "top_logprobs": Bound(integer=True, low=0, high=20),
+    "seed": Bound(integer=True, low=-INT64_MAX - 1),
+}
 
 
 @dataclass(frozen=True, slots=True)

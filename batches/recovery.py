@@ -8,14 +8,16 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
+from batches.chunks import OPEN_CHUNKS, chunks_requeue_expired
+from batches.dispatch import publish_chunks, send_validate
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
-from batches.services import OPEN_CHUNKS, batch_finalize, publish_chunks
+from batches.services import batch_fail, batch_finalize
+from batchgen_site.transient import retry_transient
 from files import storage
 from files.incremental import repair_tail
-from inference.services import chunks_requeue_expired
 
 logger = logging.getLogger("batchgen.batches")
 
@@ -30,15 +32,18 @@ def validation_timeout() -> timedelta:
 class RecoveryReport:
     chunks_requeued: int = 0
     validations_restarted: int = 0
+    validations_failed: int = 0  # lost once too often: failed, not run again
     batches_finalized: int = 0
     torn_lines_repaired: int = 0
 
     def __str__(self) -> str:
         return (f"{self.chunks_requeued} chunk(s) requeued, {self.validations_restarted} "
-                f"validation(s) restarted, {self.batches_finalized} batch(es) finalized, "
+                f"validation(s) restarted, {self.validations_failed} failed for good, "
+                f"{self.batches_finalized} batch(es) finalized, "
                 f"{self.torn_lines_repaired} torn line(s) repaired")
 
 
+@retry_transient
 def recover() -> RecoveryReport:
     report = RecoveryReport()
     refs = chunks_requeue_expired()
@@ -46,8 +51,6 @@ def recover() -> RecoveryReport:
     if refs:
         publish_chunks(refs)
     report.chunks_requeued = len(refs)
-
-    from batches.tasks import validate_batch
 
     overdue = timezone.now() - validation_timeout()
     stuck = (
@@ -57,9 +60,10 @@ def recover() -> RecoveryReport:
                                validation_started_at__isnull=True, created_at__lt=overdue)
     ).values_list("id", flat=True)
     for batch_id in stuck:
-        Batch.objects.filter(id=batch_id).update(validation_started_at=None)
-        validate_batch.delay(batch_id)
-        report.validations_restarted += 1
+        if validation_restart(batch_id=batch_id):
+            report.validations_restarted += 1
+        else:
+            report.validations_failed += 1
 
     open_chunks = Chunk.objects.filter(batch=OuterRef("pk"), status__in=OPEN_CHUNKS)
     unsettled = (
@@ -78,9 +82,30 @@ def recover() -> RecoveryReport:
         if not Chunk.objects.filter(batch_id=batch_id, status=ChunkStatus.RUNNING).exists():
             if repair_tail(storage.absolute(storage.incremental_name(batch_id))):
                 report.torn_lines_repaired += 1
-    if report.chunks_requeued or report.validations_restarted or report.batches_finalized:
+    if (report.chunks_requeued or report.validations_restarted or report.validations_failed
+            or report.batches_finalized):
         logger.info("recovery: %s", report)
     return report
+
+
+def validation_restart(*, batch_id: str) -> bool:
+    """Run a lost validation again, or, once it was restarted
+    BATCHGEN_VALIDATION_MAX_RESTARTS times, fail the batch: a validation that can never
+    finish (a bug, an input the validator chokes on) must not be retried for good
+    while the batch shows `validating` and counts as active. Returns whether it was
+    restarted."""
+    limit = settings.BATCHGEN_VALIDATION_MAX_RESTARTS
+    restarted = Batch.objects.filter(
+        id=batch_id, status=BatchStatus.VALIDATING, validation_restarts__lt=limit,
+    ).update(validation_started_at=None, validation_restarts=F("validation_restarts") + 1)
+    if restarted:
+        send_validate(batch_id)
+        return True
+    batch_fail(batch_id=batch_id, code="validation_failed",
+               message=f"Validation did not finish, though it was run {limit + 1} times "
+                       "(BATCHGEN_VALIDATION_MAX_RESTARTS); nothing was queued. The server "
+                       "log says why; create the batch again.")
+    return False
 
 
 # A dispatched chunk still unclaimed this long after its publish may have been lost.

@@ -3,7 +3,9 @@ from __future__ import annotations
 from django.conf import settings
 from rest_framework import serializers
 
-from batches.models import Batch, Endpoint
+from batches.models import ERRORS_SHOWN, Batch, Endpoint
+from batches.params import SAMPLING_BOUNDS
+from batches.validation import MAX_LISTED_ERRORS
 from batchgen_site.pagination import list_envelope_serializer
 from files.serializers import UnixTimestampField
 from inference.model_info import served_model
@@ -15,21 +17,65 @@ MAX_PRIORITY = 100
 MAX_INT = 2**31 - 1
 
 
+class MetadataValueField(serializers.CharField):
+    """A metadata value: a string, as OpenAI requires (DRF's CharField would store the
+    number 5 as "5"), of at most BATCHGEN_MAX_METADATA_VALUE_CHARS characters. Its
+    errors name the key: `param` is `metadata.<key>`."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            raise serializers.ValidationError(
+                f"metadata values must be strings; got {_json_type(data)}.",
+                code="invalid_type")
+        limit = settings.BATCHGEN_MAX_METADATA_VALUE_CHARS
+        if len(data) > limit:
+            raise serializers.ValidationError(
+                f"metadata values are at most {limit} characters "
+                f"(BATCHGEN_MAX_METADATA_VALUE_CHARS); got one of {len(data)}.",
+                code="metadata_too_large")
+        return super().to_internal_value(data)
+
+
+def _json_type(value) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {dict: "an object", list: "an array"}.get(type(value), type(value).__name__)
+
+
+def bounded_field(name: str) -> serializers.Field:
+    """A batch-level parameter, held to the same bound as in a request body
+    (batches.params.SAMPLING_BOUNDS), and to the 32-bit column it is stored in."""
+    bound = SAMPLING_BOUNDS[name]
+    if bound.integer:
+        return serializers.IntegerField(min_value=bound.low, max_value=min(bound.high, MAX_INT),
+                                        required=False, allow_null=True)
+    validators = [_above(name, bound.low)] if bound.low_open else []
+    return serializers.FloatField(min_value=bound.low, max_value=bound.high,
+                                  validators=validators, required=False, allow_null=True)
+
+
+def _above(name: str, low: float):
+    def check(value: float) -> None:
+        if value <= low:
+            raise serializers.ValidationError(f"{name} must be greater than {low}.",
+                                              code="min_value")
+    return check
+
+
 class BatchCreateInputSerializer(serializers.Serializer):
     input_file_id = serializers.CharField(max_length=64)
     endpoint = serializers.ChoiceField(choices=Endpoint.values, default=Endpoint.CHAT.value)
     completion_window = serializers.ChoiceField(choices=["24h"], default="24h")
     metadata = serializers.DictField(
-        child=serializers.CharField(allow_blank=True), required=False, allow_null=True,
+        child=MetadataValueField(allow_blank=True), required=False, allow_null=True,
     )
-    max_decoding_length = serializers.IntegerField(min_value=1, max_value=MAX_INT,
-                                                   required=False, allow_null=True)
-    max_context_length = serializers.IntegerField(min_value=1, max_value=MAX_INT,
-                                                  required=False, allow_null=True)
-    temperature = serializers.FloatField(min_value=0, required=False, allow_null=True)
-    top_p = serializers.FloatField(min_value=0, max_value=1, required=False, allow_null=True)
-    top_k = serializers.IntegerField(min_value=0, max_value=MAX_INT, required=False,
-                                     allow_null=True)
+    max_decoding_length = bounded_field("max_decoding_length")
+    max_context_length = bounded_field("max_context_length")
+    temperature = bounded_field("temperature")
+    top_p = bounded_field("top_p")
+    top_k = bounded_field("top_k")
 
     def validate_metadata(self, value):
         """The limits are settings (read per request), so they are checked here rather
@@ -38,25 +84,19 @@ class BatchCreateInputSerializer(serializers.Serializer):
             return value
         max_keys = settings.BATCHGEN_MAX_METADATA_KEYS
         max_key = settings.BATCHGEN_MAX_METADATA_KEY_CHARS
-        max_value = settings.BATCHGEN_MAX_METADATA_VALUE_CHARS
         if len(value) > max_keys:
             raise serializers.ValidationError(
                 f"metadata holds at most {max_keys} keys (BATCHGEN_MAX_METADATA_KEYS); "
                 f"got {len(value)}.", code="metadata_too_large")
-        for key, item in value.items():
+        for key in value:
             if len(key) > max_key:
                 raise serializers.ValidationError(
                     f"metadata keys are at most {max_key} characters "
                     f"(BATCHGEN_MAX_METADATA_KEY_CHARS); got one of {len(key)}.",
                     code="metadata_too_large")
             if "\x00" in key:
-                # Values are checked by their CharField; PostgreSQL's jsonb refuses NUL.
+                # Values are checked by MetadataValueField; PostgreSQL's jsonb refuses NUL.
                 raise serializers.ValidationError("metadata keys may not contain NUL.")
-            if len(item) > max_value:
-                raise serializers.ValidationError(
-                    f"metadata values are at most {max_value} characters "
-                    f"(BATCHGEN_MAX_METADATA_VALUE_CHARS); {key!r} has {len(item)}.",
-                    code="metadata_too_large")
         return value
 
     def validate(self, attrs):
@@ -67,11 +107,6 @@ class BatchCreateInputSerializer(serializers.Serializer):
                     f"metadata.priority must be an integer from 1 to {MAX_PRIORITY}."]})
             attrs["priority"] = int(priority)
         return attrs
-
-    def validate_top_p(self, value):
-        if value is not None and not 0 < value <= 1:
-            raise serializers.ValidationError("top_p must be in (0, 1].")
-        return value
 
     def validate_max_context_length(self, value):
         limit = served_model().max_context_length
@@ -105,7 +140,27 @@ class BatchErrorSerializer(serializers.Serializer):
 
 class BatchErrorsSerializer(serializers.Serializer):
     object = serializers.CharField(default="list")
-    data = BatchErrorSerializer(many=True)
+    data = BatchErrorSerializer(many=True, help_text=(
+        f"The first {ERRORS_SHOWN} bad input lines; GET /v1/batches/{{batch_id}}/errors "
+        "lists every one kept."))
+    total = serializers.IntegerField(help_text="How many input lines failed validation.")
+    has_more = serializers.BooleanField(help_text="Whether more failed than `data` shows.")
+
+
+class BatchLineErrorsInputSerializer(serializers.Serializer):
+    limit = serializers.IntegerField(min_value=1, max_value=MAX_LISTED_ERRORS, default=1000)
+    after = serializers.IntegerField(
+        min_value=0, max_value=MAX_INT, required=False,
+        help_text="A line number: the page starts after it (the `line` of the last error "
+                  "of the page before).")
+
+
+class BatchLineErrorListSerializer(serializers.Serializer):
+    object = serializers.CharField(default="list")
+    data = BatchErrorSerializer(many=True, help_text="Bad input lines, by line number.")
+    has_more = serializers.BooleanField()
+    total = serializers.IntegerField(help_text=(
+        f"How many input lines failed validation; the first {MAX_LISTED_ERRORS} are kept."))
 
 
 class BatchOutputSerializer(serializers.ModelSerializer):
@@ -151,22 +206,9 @@ class BatchOutputSerializer(serializers.ModelSerializer):
     def get_errors(self, obj) -> BatchErrorsSerializer(allow_null=True):
         if not obj.errors:
             return None
-        return {"object": "list", "data": obj.errors}
+        total = max(obj.line_errors_total, len(obj.errors))
+        return {"object": "list", "data": obj.errors, "total": total,
+                "has_more": total > len(obj.errors)}
 
 
 BatchListSerializer = list_envelope_serializer("BatchList", BatchOutputSerializer)
-
-
-class PoolStatusSerializer(serializers.Serializer):
-    intake_pool_size = serializers.IntegerField()
-    intake_pool_capacity = serializers.IntegerField()
-    scheduling_pool_active = serializers.IntegerField()
-    scheduling_pool_free = serializers.IntegerField()
-    scheduling_pool_capacity = serializers.IntegerField()
-    active_batches = serializers.IntegerField()
-    pool_mode = serializers.BooleanField()
-    scheduling_pool_tokens_active = serializers.IntegerField()
-    scheduling_pool_token_budget = serializers.IntegerField(allow_null=True)
-    storage_error = serializers.CharField(
-        allow_null=True, help_text="Why workers cannot write results now (the storage "
-        "volume full), or null. Their batches wait and resume once there is room.")

@@ -12,21 +12,27 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from batches import intake
-from batches.dispatch import dispatch, starting_pass
+from batches.chunks import OPEN_CHUNKS, batches_without_open_chunks, chunks_skip_queued
+from batches.dispatch import dispatch, send_validate, starting_pass
+from batches.locks import lock_control
 from batches.models import (
     ACTIVE_STATUSES,
+    ERRORS_SHOWN,
     Batch,
     BatchStatus,
     Chunk,
-    ChunkStatus,
+    ControlLock,
+    LineError,
 )
-from batches.validation import validate_file
+from batches.validation import ValidationReport, validate_file
 from batchgen_site.errors import BatchGenError, CapacityFull, NotFound, is_storage_full
 from batchgen_site.ids import new_id
+from batchgen_site.transient import retry_transient
 from files import storage
 from files.incremental import repair_tail
 from files.models import File, FilePurpose
-from files.services import file_register_output
+from files.selectors import file_bytes_path
+from files.services import file_lock, file_register_output
 
 logger = logging.getLogger("batchgen.batches")
 
@@ -45,7 +51,6 @@ TIMESTAMP_FIELD = {
     S.CANCELLING: "cancelling_at",
     S.CANCELLED: "cancelled_at",
 }
-OPEN_CHUNKS = (ChunkStatus.PENDING, ChunkStatus.QUEUED, ChunkStatus.RUNNING)
 
 
 class IllegalTransition(BatchGenError):
@@ -87,6 +92,7 @@ def batch_get(*, batch_id: str, owner=None) -> Batch:
 # --- create and validate ------------------------------------------------------------
 
 
+@retry_transient
 def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = "24h",
                  metadata: dict[str, str] | None = None, model: str,
                  max_decoding_length: int | None = None, max_context_length: int | None = None,
@@ -94,8 +100,6 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
                  top_k: int | None = None, priority: int = 1, owner=None) -> Batch:
     """Check what is cheap, record the batch as `validating` and queue its
     validation after commit. Never reads the input file here."""
-    from batches.tasks import validate_batch
-
     files = File.objects.filter(owner=owner) if owner is not None else File.objects
     try:
         input_file = files.get(id=input_file_id)
@@ -111,9 +115,12 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
         raise CapacityFull("The intake pool is full; retry later.",
                            retry_after=settings.BATCHGEN_RETRY_AFTER_SECONDS)
     with transaction.atomic():
-        # Lock order: the intake pool row, then batches. Serialises concurrent creates
-        # on the same file so at most one becomes active.
-        intake._locked_pool()
+        # The input file's row serialises concurrent creates on the same file (at
+        # most one becomes active) and a delete of it (files.services.file_lock;
+        # batches.locks: File, then Batch).
+        if file_lock(file_id=input_file_id) is None:
+            raise BatchGenError(f"No such file: {input_file_id}", param="input_file_id",
+                                code="invalid_input_file")
         if Batch.objects.filter(input_file_id=input_file_id, status__in=ACTIVE_STATUSES).exists():
             raise BatchGenError(
                 f"File {input_file_id} already has an active batch; wait for it to finish "
@@ -138,7 +145,7 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
         )
         # robust: a broker that is down must not turn a committed batch into a 500;
         # recovery validates batches whose validation never started.
-        transaction.on_commit(lambda: validate_batch.delay(batch.id), robust=True)
+        transaction.on_commit(lambda: send_validate(batch.id), robust=True)
     logger.info("batch created batch_id=%s input_file_id=%s endpoint=%s", batch.id,
                 input_file_id, endpoint)
     return batch
@@ -147,15 +154,24 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
 def batch_validate(*, batch_id: str) -> Batch:
     """Validate the input in one streaming pass, then enqueue the whole batch or fail
     it. Nothing is queued unless every line is valid and all of it fits."""
-    batch = Batch.objects.select_related("input_file").get(id=batch_id)
+    # Not select_related: a join finds no batch when its input file is gone.
+    batch = Batch.objects.get(id=batch_id)
     if batch.status != S.VALIDATING:
         return batch
     Batch.objects.filter(id=batch_id).update(validation_started_at=timezone.now())
+    input_path = file_bytes_path(file_id=batch.input_file_id)
+    if input_path is None:
+        batch_transition(batch_id=batch_id, to=S.FAILED, error={
+            "code": "input_file_missing",
+            "message": f"The input file {batch.input_file_id} is gone (deleted, or its bytes "
+                       "removed from storage), so the batch cannot be validated; nothing was "
+                       "queued. Upload the file again and create a new batch."})
+        return batch_get(batch_id=batch_id)
     order_path = (storage.absolute(storage.order_name(batch_id))
                   if settings.BATCHGEN_PREFIX_GROUPING else None)
     try:
         report = validate_file(
-            storage.absolute(batch.input_file.storage_name),
+            input_path,
             endpoint=batch.endpoint,
             chunk_size=settings.BATCHGEN_CHUNK_SIZE,
             max_line_bytes=settings.BATCHGEN_MAX_LINE_BYTES,
@@ -175,14 +191,7 @@ def batch_validate(*, batch_id: str) -> Batch:
                        "prepared; nothing was queued. Create it again once space is freed."})
         return batch_get(batch_id=batch_id)
     if report.invalid:
-        shown = len(report.errors)
-        more = f"; the first {shown} are listed in errors" if shown < report.invalid else ""
-        batch_transition(
-            batch_id=batch_id, to=S.FAILED,
-            error={"code": "invalid_input",
-                   "message": f"{report.invalid} input line(s) failed validation{more}."},
-            errors=report.errors,
-        )
+        batch_fail_invalid_input(batch_id=batch_id, report=report)
         return batch_get(batch_id=batch_id)
     if report.total == 0:
         batch_transition(batch_id=batch_id, to=S.FAILED,
@@ -190,20 +199,28 @@ def batch_validate(*, batch_id: str) -> Batch:
                                 "message": "The input file holds no requests."})
         return batch_get(batch_id=batch_id)
 
+    _admit(batch_id=batch_id, report=report)
+    return batch_get(batch_id=batch_id)
+
+
+@retry_transient
+def _admit(*, batch_id: str, report: ValidationReport) -> None:
+    """The whole batch enters the IntakePool at once, as pending chunks, or fails
+    with capacity_exceeded; the dispatcher then feeds its chunks to the inference
+    queue fairly (batches.dispatch). Locks: admission, then the batch row, so a
+    cancel meanwhile either comes first (nothing is admitted) or sees in_progress."""
     with transaction.atomic():
-        intake._locked_pool()
-        batch = Batch.objects.get(id=batch_id)
+        lock_control(ControlLock.ADMISSION)
+        batch = Batch.objects.select_for_update().get(id=batch_id)
         if batch.status != S.VALIDATING:  # cancelled while we read the file
-            return batch
+            return
         if not intake.intake_reserve(batch_id=batch_id, requests=report.total):
             batch_transition(
                 batch_id=batch_id, to=S.FAILED, total=report.total,
                 error={"code": "capacity_exceeded",
                        "message": f"The batch's {report.total} requests do not fit in the "
                                   "intake pool now; retry later."})
-            return batch_get(batch_id=batch_id)
-        # The whole batch enters the IntakePool at once, as pending chunks; the
-        # dispatcher feeds them to the inference queue fairly (batches.dispatch).
+            return
         Chunk.objects.bulk_create(
             [Chunk(batch_id=batch_id, index=i, start_offset=span.start_offset,
                    end_offset=span.end_offset, first_line=span.first_line, count=span.count)
@@ -212,34 +229,36 @@ def batch_validate(*, batch_id: str) -> Batch:
         )
         batch_transition(batch_id=batch_id, to=S.IN_PROGRESS, total=report.total,
                          dispatch_pass=starting_pass(), grouped=report.grouped)
-        transaction.on_commit(dispatch)
+        # robust: the admission is committed; a dispatch that fails now is covered by
+        # the control worker's tick, and must not fail (and retry) the validation.
+        transaction.on_commit(dispatch, robust=True)
     return batch_get(batch_id=batch_id)
 
 
-def publish_chunks(refs: list[tuple[str, int, int]]) -> None:
-    """Publish one message per chunk to the inference queue, by reference. Chunks
-    whose publish fails stay unpublished; recovery publishes them again."""
-    from batchgen_site.celery import QueueName, app
-    from inference.tasks import run_chunk
+def batch_fail_invalid_input(*, batch_id: str, report: ValidationReport) -> None:
+    """Fail a batch whose input has bad lines. The batch object carries the first
+    ERRORS_SHOWN (polls stay small); every error kept is a LineError row, paged by
+    GET /v1/batches/{id}/errors."""
+    shown, kept = report.errors[:ERRORS_SHOWN], len(report.errors)
+    where = "" if kept == len(shown) else (
+        f"; errors.data shows the first {len(shown)}, GET /v1/batches/{batch_id}/errors "
+        f"lists {'all' if kept == report.invalid else f'the first {kept}'}")
+    with transaction.atomic():
+        failed = batch_transition(
+            batch_id=batch_id, to=S.FAILED, errors=shown, line_errors_total=report.invalid,
+            error={"code": "invalid_input",
+                   "message": f"{report.invalid} input line(s) failed validation{where}."})
+        if failed:
+            LineError.objects.bulk_create(
+                [LineError(batch_id=batch_id, **error) for error in report.errors],
+                batch_size=1000)
 
-    published: list[int] = []
-    try:
-        with app.producer_or_acquire() as producer:
-            for batch_id, chunk_id, index in refs:
-                run_chunk.apply_async(
-                    args=(batch_id, chunk_id), queue=QueueName.INFERENCE.value,
-                    producer=producer, shadow=f"chunk {batch_id}#{index}",
-                )
-                published.append(chunk_id)
-    finally:
-        now = timezone.now()
-        for start in range(0, len(published), 1000):
-            Chunk.objects.filter(id__in=published[start:start + 1000]).update(published_at=now)
 
 
 # --- cancel, settle, finalize, expire -------------------------------------------------
 
 
+@retry_transient
 def batch_cancel(*, batch_id: str) -> Batch:
     """Cancel a validating or in-progress batch. Queued chunks are skipped and their
     capacity returned at once; running ones are aborted by their workers, after which
@@ -259,38 +278,24 @@ def batch_cancel(*, batch_id: str) -> Batch:
     if not batch_transition(batch_id=batch_id, to=S.CANCELLING):
         return batch_cancel(batch_id=batch_id)  # it moved meanwhile: decide again
     chunks_skip_queued(batch_id=batch_id)
-    batch_settle(batch_id=batch_id, inline=True)
+    batch_settle(batch_id=batch_id)
     return batch_get(batch_id=batch_id)
-
-
-def chunks_skip_queued(*, batch_id: str) -> int:
-    """Skip the chunks of a batch that no worker runs yet, returning their capacity."""
-    with transaction.atomic():
-        queued = Chunk.objects.filter(batch_id=batch_id,
-                                      status__in=[ChunkStatus.PENDING, ChunkStatus.QUEUED])
-        skipped_requests = sum(queued.values_list("count", flat=True))
-        count = queued.update(status=ChunkStatus.SKIPPED, finished_at=timezone.now())
-        intake.intake_release(batch_id=batch_id, requests=skipped_requests)
-    return count
 
 
 def batch_has_open_chunks(*, batch_id: str) -> bool:
     return Chunk.objects.filter(batch_id=batch_id, status__in=OPEN_CHUNKS).exists()
 
 
-def batch_settle(*, batch_id: str, inline: bool = False) -> None:
-    """Called whenever a chunk closes: once none is open, finalize the batch
-    (completed, cancelled, or failed with its partial output)."""
-    if batch_has_open_chunks(batch_id=batch_id):
-        return
-    if inline:
+def batch_settle(*, batch_id: str) -> None:
+    """Once none of its chunks is open, finalize the batch (completed, cancelled, or
+    failed with its partial output). Workers' flushes do this for the chunks they
+    close (batches.chunks); cancel and fail do it here."""
+    if batches_without_open_chunks([batch_id]):
         batch_finalize(batch_id=batch_id)
-    else:
-        from batches.tasks import finalize_batch
-
-        transaction.on_commit(lambda: finalize_batch.delay(batch_id))
 
 
+@retry_transient
+@retry_transient
 def batch_finalize(*, batch_id: str) -> Batch:
     """Register the incremental file as the output and close the batch, exactly once
     however many callers race here: the status moves by conditional updates and the
@@ -320,6 +325,7 @@ def batch_finalize(*, batch_id: str) -> Batch:
     return batch_get(batch_id=batch_id)
 
 
+@retry_transient
 def batch_fail(*, batch_id: str, code: str, message: str) -> bool:
     """Fail a validating or running batch (worker error, window passed); queued
     chunks are skipped, running ones stop, and what was written stays as output."""
@@ -327,10 +333,11 @@ def batch_fail(*, batch_id: str, code: str, message: str) -> bool:
                             error={"code": code, "message": message}):
         return False
     chunks_skip_queued(batch_id=batch_id)
-    batch_settle(batch_id=batch_id, inline=True)
+    batch_settle(batch_id=batch_id)
     return True
 
 
+@retry_transient
 def batches_expire() -> int:
     """Fail every active batch whose completion window has passed."""
     expired = 0

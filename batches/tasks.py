@@ -1,4 +1,7 @@
-"""Control tasks: thin wrappers that call services. All run on the `control` queue."""
+"""Control tasks: thin wrappers that call services. All run on the `control` queue.
+Producers publish them by name (batches.dispatch.send_*), so only this module
+imports them. The services retry transient database errors themselves
+(batchgen_site.transient)."""
 
 from __future__ import annotations
 
@@ -34,4 +37,5 @@ def recover_chunks() -> str:
 
 @shared_task(name="batches.dispatch_chunks", time_limit=300)
 def dispatch_chunks() -> int:
-    return dispatch.dispatch()
+    # The tick only covers what workers' own dispatches skipped: never queue for it.
+    return dispatch.dispatch(wait=False)

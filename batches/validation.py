@@ -7,7 +7,6 @@ the 8-byte digests of the custom_ids seen (for uniqueness) and the error list.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from batches.chunking import (
     read_order,
 )
 from batches.line_schema import DECODERS, DecodeError
+from batches.params import SAMPLING_BOUNDS
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -141,10 +141,7 @@ def check_body(body: dict[str, Any], *, endpoint: str) -> None:
             raise LineError("invalid_body", "body.messages must be a non-empty list.",
                             "body.messages")
         for index, message in enumerate(messages):
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise LineError("invalid_body",
-                                f"body.messages[{index}] must be an object with a role.",
-                                f"body.messages[{index}]")
+            check_message(message, where=f"body.messages[{index}]")
     else:
         prompt = body.get("prompt")
         valid = isinstance(prompt, str) or (
@@ -157,28 +154,61 @@ def check_body(body: dict[str, Any], *, endpoint: str) -> None:
     check_sampling(body, prefix="body.")
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+# OpenAI's chat roles. Its deprecated `function` role is not taken: `tool` replaced it.
+ROLES = ("system", "developer", "user", "assistant", "tool")
+_ROLES_SHOWN = ", ".join(repr(role) for role in ROLES)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def check_message(message: Any, *, where: str) -> None:
+    """One chat message, as OpenAI's schema has it: a known role; content a string
+    or a non-empty list of parts, which only an assistant turn carrying tool calls
+    may leave out; a tool message answers a tool_call_id."""
+    if not isinstance(message, dict):
+        raise LineError("invalid_body", f"{where} must be an object with a role.", where)
+    role = message.get("role")
+    if not isinstance(role, str) or role not in ROLES:
+        raise LineError("invalid_body", f"{where}.role must be one of {_ROLES_SHOWN} "
+                        f"(got {_shown(role)}).", f"{where}.role")
+    if role == "tool" and not isinstance(message.get("tool_call_id"), str):
+        raise LineError("invalid_body", f"{where}.tool_call_id is required in a tool "
+                        "message (a string: the id of the call it answers).",
+                        f"{where}.tool_call_id")
+    calls_tools = False
+    if role == "assistant":
+        tool_calls = message.get("tool_calls")
+        if tool_calls is not None and not isinstance(tool_calls, list):
+            raise LineError("invalid_body", f"{where}.tool_calls must be a list.",
+                            f"{where}.tool_calls")
+        calls_tools = bool(tool_calls) or message.get("function_call") is not None
+    content = message.get("content")
+    if content is None:
+        if calls_tools:
+            return
+        raise LineError("invalid_body", f"{where}.content is required: a string or a "
+                        "list of content parts.", f"{where}.content")
+    check_content(content, where=f"{where}.content")
 
 
-def _positive_int(value: Any) -> bool:
-    return _is_int(value) and value >= 1
+def check_content(content: Any, *, where: str) -> None:
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list) or not content:
+        raise LineError("invalid_body", f"{where} must be a string or a non-empty list of "
+                        f"content parts (got {_shown(content)}).", where)
+    for index, part in enumerate(content):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise LineError("invalid_body", f"{where}[{index}] must be an object with a "
+                            "type, such as {\"type\": \"text\", \"text\": \"...\"}.",
+                            f"{where}[{index}]")
+        if part["type"] == "text" and not isinstance(part.get("text"), str):
+            raise LineError("invalid_body", f"{where}[{index}].text must be a string.",
+                            f"{where}[{index}].text")
 
 
 # Each checked parameter: (value is fine?, what it must be). Only the keys a body
 # actually has are looked at, so a typical line costs one set intersection.
 SAMPLING_RULES: dict[str, tuple[Any, str]] = {
-    "max_tokens": (_positive_int, "must be a positive integer"),
-    "max_completion_tokens": (_positive_int, "must be a positive integer"),
-    "max_decoding_length": (_positive_int, "must be a positive integer"),
-    "max_context_length": (_positive_int, "must be a positive integer"),
-    "temperature": (lambda v: _is_number(v) and v >= 0, "must be a number >= 0"),
-    "top_p": (lambda v: _is_number(v) and 0 < v <= 1, "must be in (0, 1]"),
-    "top_k": (lambda v: _is_int(v) and v >= -1, "must be an integer >= 0 (or -1 for off)"),
+    **{key: (bound.admits, bound.must) for key, bound in SAMPLING_BOUNDS.items()},
     "n": (lambda v: v == 1 and not isinstance(v, bool), "must be 1"),
     "stream": (lambda v: v is False, "must be false: streaming is not available in a batch"),
 }

@@ -9,11 +9,12 @@ from rest_framework.views import APIView
 from batches import selectors, services
 from batches.serializers import (
     BatchCreateInputSerializer,
+    BatchLineErrorListSerializer,
+    BatchLineErrorsInputSerializer,
     BatchListInputSerializer,
     BatchListSerializer,
     BatchOutputInputSerializer,
     BatchOutputSerializer,
-    PoolStatusSerializer,
 )
 from batchgen_site.auth import request_owner
 from batchgen_site.errors import BatchGenError, checked_id, error_responses
@@ -21,7 +22,7 @@ from batchgen_site.pagination import list_page
 from batchgen_site.parsers import JSONParser
 from batchgen_site.representation import represent
 from files import storage
-from files.incremental import read_range, whole_lines_end
+from files.incremental import enclosing_line, read_range, whole_lines_end
 from files.views import IgnoreClientContentNegotiation
 from inference.model_info import served_model
 
@@ -93,6 +94,13 @@ class BatchOutputView(APIView):
         if offset > end:
             raise BatchGenError(f"offset {offset} is past the {end} bytes written so far.",
                                 param="offset")
+        line = enclosing_line(path, offset) if offset < end else None
+        if line is not None:
+            # Answering from here would start with the torn tail of a line.
+            raise BatchGenError(
+                f"offset {offset} is inside a line; the nearest lines start at {line[0]} and "
+                f"{line[1]}. Resume from the X-Next-Offset of the previous answer.",
+                param="offset", code="offset_not_at_line_start")
         response = StreamingHttpResponse(read_range(path, offset, end) if end > offset else [],
                                          content_type="application/x-ndjson")
         response["X-Next-Offset"] = str(end)
@@ -100,8 +108,17 @@ class BatchOutputView(APIView):
         return response
 
 
-class PoolStatusView(APIView):
-    @extend_schema(responses={200: PoolStatusSerializer, **error_responses(401)},
-                   operation_id="pool_status")
-    def get(self, request):
-        return Response(represent(PoolStatusSerializer, selectors.pool_status_cached()))
+class BatchLineErrorsView(APIView):
+    """Every bad input line of a failed batch, a page at a time: the batch object
+    itself carries only the first ones, so a poll stays small."""
+
+    @extend_schema(parameters=[BatchLineErrorsInputSerializer],
+                   responses={200: BatchLineErrorListSerializer,
+                              **error_responses(400, 401, 404)},
+                   operation_id="batches_errors")
+    def get(self, request, batch_id: str):
+        batch = services.batch_get(batch_id=_batch_id(batch_id), owner=request_owner(request))
+        params = BatchLineErrorsInputSerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        return Response(selectors.batch_line_errors(batch=batch, **params.validated_data))
+

@@ -203,6 +203,25 @@ class BatchGenHttpClient:
         """One page, newest first: `{"object": "list", "data": [...], "has_more": ...}`."""
         return self._json("GET", "/v1/batches", params=_without_none(limit=limit, after=after))
 
+    def list_batch_errors(self, batch_id: str, limit: int | None = None,
+                          after: int | None = None) -> dict:
+        """One page of a failed batch's bad input lines, by line number:
+        `{"object": "list", "data": [{code, message, line, param}], "has_more", "total"}`.
+        `after` is the `line` of the last error of the page before."""
+        return self._json("GET", f"/v1/batches/{batch_id}/errors",
+                          params=_without_none(limit=limit, after=after))
+
+    def iter_batch_errors(self, batch_id: str) -> Iterator[dict]:
+        """Every bad input line the server kept (the batch object shows only the first
+        100 in `errors.data`), fetched a page at a time."""
+        after = None
+        while True:
+            page = self.list_batch_errors(batch_id, after=after)
+            yield from page["data"]
+            if not page["has_more"] or not page["data"]:
+                return
+            after = page["data"][-1]["line"]
+
     def cancel_batch(self, batch_id: str) -> dict:
         return self._json("POST", f"/v1/batches/{batch_id}/cancel")
 

@@ -287,12 +287,14 @@ def format_batch(batch: dict) -> str:
     error = batch.get("error")
     if isinstance(error, dict):
         field("error", ": ".join(str(v) for v in (error.get("code"), error.get("message")) if v))
-    errors = (batch.get("errors") or {}).get("data") or []
-    for item in errors[:_SHOWN_ERRORS]:
+    listed = batch.get("errors") or {}
+    errors = (listed.get("data") or [])[:_SHOWN_ERRORS]
+    for item in errors:
         where = f"line {item.get('line')}: " if item.get("line") is not None else ""
         field("invalid", f"{where}{item.get('code')}: {item.get('message')}")
-    if len(errors) > _SHOWN_ERRORS:
-        field("", f"... and {len(errors) - _SHOWN_ERRORS} more (see --json)")
+    more = (listed.get("total") or len(listed.get("data") or [])) - len(errors)
+    if more > 0:
+        field("", f"... and {more} more (GET /v1/batches/{batch.get('id')}/errors)")
     metadata = batch.get("metadata") or {}
     field("metadata", ", ".join(f"{k}={v}" for k, v in metadata.items()))
     return "\n".join(lines)

@@ -11,8 +11,7 @@ from django.utils import timezone
 from batches.admin import batch_progress, progress_bar, status_badge, throughput_label
 from batches.admin import duration_label as eta_label
 from batches.models import ACTIVE_STATUSES, Batch
-from batches.selectors import pool_status
-from inference.selectors import live_workers
+from inference.selectors import live_workers, pool_status
 
 REFRESH_SECONDS = 5
 ACTIVE_BATCHES_SHOWN = 50

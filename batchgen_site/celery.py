@@ -34,7 +34,7 @@ app.conf.task_routes = {
 }
 app.conf.beat_schedule = {
     # Chunks are dispatched as workers free up; this tick only covers lost events.
-    "dispatch-chunks": {"task": "batches.dispatch_chunks", "schedule": 2.0},
+    "dispatch-chunks": {"task": "batches.dispatch_chunks", "schedule": 1.0},
     "expire-batches": {"task": "batches.expire_batches", "schedule": 60.0},
     "recover-chunks": {"task": "batches.recover_chunks", "schedule": 15.0},
     "purge-expired-files": {"task": "files.purge_expired_files", "schedule": 3600.0},

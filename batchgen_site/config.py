@@ -8,6 +8,7 @@ were started (by `make run`, docker-compose or systemd).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 
@@ -42,9 +43,31 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
     Setting("--prefix-grouping", "BATCHGEN_PREFIX_GROUPING", "true",
             "group requests sharing a prompt prefix into the same chunks ('false' to turn off)"),
     Setting("--flower-port", "BATCHGEN_FLOWER_PORT", "5555", "Flower's port (0 = no Flower)"),
+    # A client that stalls or trickles must not hold a web thread (issue 13): these
+    # bound every read of a request, head and body (batchgen_site/gunicorn_worker.py).
+    # 30 s and 1 KiB/s are far below any working connection, and the attacker of an
+    # open port then needs a connection sending 1 KiB/s to hold a thread.
+    Setting("--client-timeout", "BATCHGEN_CLIENT_TIMEOUT_SECONDS", "30",
+            "seconds a client may send nothing in the middle of a request before the "
+            "server closes its connection"),
+    Setting("--client-min-rate", "BATCHGEN_CLIENT_MIN_BYTES_PER_SECOND", "1024",
+            "average bytes a second a request must arrive at, after its first "
+            "client-timeout seconds (0 = no minimum)"),
+    # Threads added to each web process for requests with a body, and the most such
+    # requests it reads at once; beyond, 503 at once, so uploads never take the
+    # threads that serve polls.
+    Setting("--web-upload-threads", "BATCHGEN_WEB_UPLOAD_THREADS", "4",
+            "requests with a body (uploads, batch creates) each web process reads at "
+            "once, in threads of their own; more get 503 with Retry-After"),
     Setting("--inference-workers", "BATCHGEN_INFERENCE_WORKERS", "1",
             "inference workers started here, one engine each (0: none, they run on GPU hosts)"),
     Setting("--gpus-per-worker", "BATCHGEN_GPUS_PER_WORKER", "0",
             "GPUs each inference worker gets as its own CUDA_VISIBLE_DEVICES slice "
             "(0: no slicing, every worker sees every GPU)"),
 )
+
+
+def server_setting(env: str) -> str:
+    """The value of a setting of the table: its variable, else its default."""
+    default = next(setting.default for setting in SERVER_SETTINGS if setting.env == env)
+    return os.environ.get(env) or default

@@ -112,6 +112,16 @@ def _first_error(detail, prefix: str | None = None) -> tuple[str, str | None, st
 
 
 def openai_exception_handler(exc, context) -> Response:
+    from batchgen_site.transient import DatabaseBusy, is_transient
+
+    if isinstance(exc, DatabaseBusy) or is_transient(exc):
+        # Retried already (batchgen_site.transient); the client may safely try again.
+        logger.warning("database busy in %s: %s", context.get("view"), exc)
+        response = Response(envelope(
+            "The server's database is busy; nothing was changed. Retry shortly.",
+            error_type="server_error", code="database_busy"), status=503)
+        response["Retry-After"] = "1"
+        return response
     if is_storage_full(exc):
         logger.error("storage full in %s: %s", context.get("view"), exc)
         exc = StorageFull("The server's storage volume is full, so the request could not "
@@ -182,6 +192,8 @@ _ERROR_DESCRIPTIONS = {
     413: "The upload or request body is over the server's configured limit.",
     415: "Unsupported request content type.",
     429: "The intake pool is full; retry after the `Retry-After` seconds.",
+    503: "The database stayed busy through the server's retries; nothing was changed. "
+         "Retry after the `Retry-After` seconds.",
     507: "The server's storage volume is full; nothing was stored. Retry later.",
 }
 

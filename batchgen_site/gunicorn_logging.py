@@ -24,6 +24,8 @@ def is_poll(method: str, path: str, status: int | None) -> bool:
 
 class ExceptPollsLogger(Logger):
     def access(self, resp, req, environ, request_time):
-        if is_poll(req.method, req.path, resp.status_code):
+        # gunicorn's answers to malformed requests (handle_error) have no status_code:
+        # reading it raised, and the client got no answer at all.
+        if is_poll(req.method, req.path, getattr(resp, "status_code", None)):
             return
         super().access(resp, req, environ, request_time)

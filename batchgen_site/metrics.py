@@ -33,7 +33,7 @@ class BatchGenCollector(Collector):
         yield from self._workers()
 
     def _pool(self):
-        from batches.selectors import pool_status
+        from inference.selectors import pool_status
 
         pool = pool_status()
         for key, help_text in [

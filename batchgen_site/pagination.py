@@ -5,7 +5,16 @@ from __future__ import annotations
 from django.db.models import QuerySet
 from rest_framework import serializers
 
+from batchgen_site.errors import BatchGenError
 from batchgen_site.representation import represent_many
+
+
+def invalid_cursor(after: str, *, kind: str) -> BatchGenError:
+    """A cursor that names no position in the list: answered 400, never with the
+    first page again (a client paging on would start over without noticing)."""
+    return BatchGenError(
+        f"after={after!r} names no {kind} of this list; a cursor is the `last_id` of the "
+        "page before.", param="after", code="invalid_cursor")
 
 
 def list_page(queryset: QuerySet, *, limit: int, serializer_class) -> dict:

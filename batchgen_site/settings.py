@@ -74,9 +74,18 @@ BATCHGEN_CHUNK_LEASE_SECONDS = env.int("BATCHGEN_CHUNK_LEASE_SECONDS", default=6
 # minutes to validate.
 BATCHGEN_VALIDATION_TIMEOUT_SECONDS = env.int("BATCHGEN_VALIDATION_TIMEOUT_SECONDS",
                                               default=600)
+# Recovery runs a lost validation again at most this many times, then fails the batch
+# (`validation_failed`) rather than retrying for good: with the default timeout a
+# validation must finish within an hour, ample for a 10 GiB input.
+BATCHGEN_VALIDATION_MAX_RESTARTS = env.int("BATCHGEN_VALIDATION_MAX_RESTARTS", default=5)
 # A worker is alive while its heartbeat is younger than this.
 BATCHGEN_WORKER_TTL_SECONDS = env.int("BATCHGEN_WORKER_TTL_SECONDS", default=30)
 BATCHGEN_HEARTBEAT_SECONDS = env.float("BATCHGEN_HEARTBEAT_SECONDS", default=2.0)
+# A worker tells the database what all of its chunks did in one transaction this
+# often (inference.ledger): the progress figures' freshness against the control
+# plane's load, which stays per worker, not per chunk or request. A large fleet may
+# raise it (docs/deployment.md, "How far one database goes").
+BATCHGEN_PROGRESS_FLUSH_SECONDS = env.float("BATCHGEN_PROGRESS_FLUSH_SECONDS", default=0.5)
 # /v1/pool/status is served from a per-process cache this young at most: its slot
 # figures change only with the workers' heartbeats anyway, and hundreds of pollers
 # then cost a few aggregate queries a second instead of four each. 0: no cache.
@@ -231,7 +240,10 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"client_faults_as_warnings": {
+        "()": "batchgen_site.log_filters.ClientFaultsAsWarnings"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
+                             "filters": ["client_faults_as_warnings"]}},
     "root": {"handlers": ["console"], "level": env("BATCHGEN_LOG_LEVEL", default="INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }

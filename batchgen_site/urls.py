@@ -6,15 +6,15 @@ from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 from batches.views import (
     BatchCancelView,
     BatchDetailView,
+    BatchLineErrorsView,
     BatchListCreateView,
     BatchOutputView,
-    PoolStatusView,
 )
 from batchgen_site.admin_dashboard import pool_dashboard
 from batchgen_site.health import HealthView
 from batchgen_site.metrics import metrics_view
 from files.views import FileContentView, FileDetailView, FileListCreateView
-from inference.views import ModelDetailView, ModelListView
+from inference.views import ModelDetailView, ModelListView, PoolStatusView
 
 urlpatterns = [
     path("health", HealthView.as_view(), name="health"),
@@ -27,6 +27,7 @@ urlpatterns = [
     path("v1/batches/<str:batch_id>", BatchDetailView.as_view(), name="batch-detail"),
     path("v1/batches/<str:batch_id>/cancel", BatchCancelView.as_view(), name="batch-cancel"),
     path("v1/batches/<str:batch_id>/output", BatchOutputView.as_view(), name="batch-output"),
+    path("v1/batches/<str:batch_id>/errors", BatchLineErrorsView.as_view(), name="batch-errors"),
     path("v1/pool/status", PoolStatusView.as_view(), name="pool-status"),
     path("v1/openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
     path("docs", SpectacularSwaggerView.as_view(url_name="openapi"), name="docs"),

@@ -127,6 +127,35 @@ def whole_lines_end(path: Path) -> int:
     return 0
 
 
+def enclosing_line(path: Path, offset: int) -> tuple[int, int] | None:
+    """None when `offset` starts a line of the file; else where the line that holds
+    it starts and where the next one starts (its end, when it is the torn tail).
+    Reads only that line, in bounded blocks."""
+    if offset == 0:
+        return None
+    with path.open("rb") as fh:
+        fh.seek(offset - 1)
+        if fh.read(1) in (b"\n", b""):
+            return None
+        start = offset
+        while start > 0:
+            block_start = max(0, start - _BLOCK)
+            fh.seek(block_start)
+            cut = fh.read(start - block_start).rfind(b"\n")
+            if cut >= 0:
+                start = block_start + cut + 1
+                break
+            start = block_start
+        fh.seek(offset)
+        end = offset
+        while block := fh.read(_BLOCK):
+            cut = block.find(b"\n")
+            if cut >= 0:
+                return start, end + cut + 1
+            end += len(block)
+        return start, end
+
+
 def read_range(path: Path, start: int, end: int) -> Iterator[bytes]:
     """Stream [start, end) of a file in bounded blocks."""
     with path.open("rb") as fh:

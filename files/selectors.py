@@ -1,8 +1,14 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from batchgen_site.errors import NotFound
+from batchgen_site.ids import issued_at
+from batchgen_site.pagination import invalid_cursor
+from files import storage
 from files.models import File
 
 
@@ -21,6 +27,8 @@ def file_get(*, file_id: str, owner=None) -> File:
 def file_list(*, purpose: str | None, order: str, after: str | None,
               owner=None) -> QuerySet[File]:
     files = visible_files(owner)
+    if after and not _cursor_has_a_place(after, files):
+        raise invalid_cursor(after, kind="file")
     if purpose:
         files = files.filter(purpose=purpose)
     if order == "asc":
@@ -32,3 +40,23 @@ def file_list(*, purpose: str | None, order: str, after: str | None,
         if after:
             files = files.filter(id__lt=after)
     return files
+
+
+def _cursor_has_a_place(after: str, files: QuerySet[File]) -> bool:
+    """Whether `after` is a position in the list: a file the caller sees, or the id of
+    one deleted since (listing and deleting page by page is common: the id still sorts
+    where the file was). An id that is no file id, or from the future, is none."""
+    issued = issued_at(after, prefix="file-")
+    if issued is not None and issued <= timezone.now():
+        return True
+    return files.filter(id=after).exists()
+
+
+def file_bytes_path(*, file_id: str) -> Path | None:
+    """Where a file's bytes are, or None when the file is gone: its row deleted, or
+    its bytes removed from the storage path behind the server's back."""
+    storage_name = File.objects.filter(id=file_id).values_list("storage_name", flat=True).first()
+    if storage_name is None:
+        return None
+    path = storage.absolute(storage_name)
+    return path if path.exists() else None

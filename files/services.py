@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from batchgen_site.errors import BatchGenError, Conflict
+from batchgen_site.errors import BatchGenError, Conflict, NotFound
 from batchgen_site.ids import new_id
 from files import storage
 from files.models import File, FilePurpose, FileStatus
@@ -90,17 +90,31 @@ def file_register_output(*, batch_id: str, owner=None) -> File:
     )
 
 
+def file_lock(*, file_id: str) -> File | None:
+    """The file's row, locked until the caller's transaction ends, or None when the
+    file is gone. Batch creation and file deletion both take this lock first, so the
+    two are serialised on one file: whichever comes second sees the other's result
+    (the file deleted, or an active batch using it). Select-for-update is a no-op on
+    SQLite, where every transaction takes the database's write lock up front
+    (`transaction_mode: IMMEDIATE`) and serialises the two all the same."""
+    assert transaction.get_connection().in_atomic_block
+    return File.objects.select_for_update().filter(id=file_id).first()
+
+
 def file_delete(*, file: File) -> None:
-    """Delete a file and its bytes; refused while an active batch reads or writes it."""
+    """Delete a file and its bytes; refused while an active batch reads or writes it.
+    A file deleted by a concurrent call is a 404, as if it had never been there."""
     from batches.selectors import file_in_active_use
 
-    if file_in_active_use(file_id=file.id):
-        raise Conflict(
-            f"File {file.id} is used by an active batch; cancel or wait for it first.",
-            param="file_id", code="file_in_use",
-        )
     path = storage.absolute(file.storage_name)
     with transaction.atomic():
+        if file_lock(file_id=file.id) is None:
+            raise NotFound(f"No such file: {file.id}", param="file_id")
+        if file_in_active_use(file_id=file.id):
+            raise Conflict(
+                f"File {file.id} is used by an active batch; cancel or wait for it first.",
+                param="file_id", code="file_in_use",
+            )
         file.delete()
         transaction.on_commit(lambda: path.unlink(missing_ok=True))
     logger.info("file deleted file_id=%s", file.id)
@@ -119,7 +133,7 @@ def files_purge(*, older_than: timedelta | None = None) -> int:
         try:
             file_delete(file=file)
             deleted += 1
-        except Conflict:
+        except (Conflict, NotFound):  # in use, or deleted meanwhile by someone else
             continue
     cutoff = now.timestamp() - 24 * 3600
     if settings.UPLOADS_DIR.exists():

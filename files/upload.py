@@ -4,7 +4,9 @@ storage path, computing its size and sha256 as the bytes pass.
 Memory stays flat whatever the upload size: Django hands us 64 KiB pieces and we
 keep none of them. The bytes land in `uploads/.partial-*`; `files.services.file_upload`
 renames them into place and only then writes the File row. Whatever happens
-(too large, client gone, bad form), `discard()` removes an unclaimed partial file.
+(too large, compressed, client gone, bad form), `discard()` removes an unclaimed
+partial file. A compressed file is refused by its first bytes, before the rest is
+read (files.formats).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from django.core.files.uploadedfile import UploadedFile
 from django.core.files.uploadhandler import FileUploadHandler
 
 from batchgen_site.errors import PayloadTooLarge
+from files.formats import MAGIC_BYTES, check_not_compressed
 from files.storage import ensure_dirs
 
 
@@ -65,11 +68,15 @@ class StreamingUploadHandler(FileUploadHandler):
         self.file = path.open("wb")
         self._hash = hashlib.sha256()
         self._size = 0
+        self._head = b""
 
     def receive_data_chunk(self, raw_data, start):
         self._size += len(raw_data)
         if self._size > settings.BATCHGEN_MAX_UPLOAD_BYTES:
             raise too_large_error()
+        if len(self._head) < MAGIC_BYTES:  # the first piece, or the few after a tiny one
+            self._head += raw_data[:MAGIC_BYTES - len(self._head)]
+            check_not_compressed(self._head)
         self._hash.update(raw_data)
         self.file.write(raw_data)
         return None

@@ -23,6 +23,10 @@ from files.serializers import (
 )
 from files.upload import StreamingUploadHandler, too_large_error
 
+# What a multipart body may hold besides the file: part headers, the purpose field
+# and boundaries are a few hundred bytes.
+MULTIPART_ENVELOPE_BYTES = 64 * 1024
+
 
 class FileListCreateView(APIView):
     parser_classes = [MultiPartParser]
@@ -36,8 +40,7 @@ class FileListCreateView(APIView):
             declared = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
             declared = 0
-        # The multipart envelope adds a few hundred bytes to the file itself.
-        if declared > settings.BATCHGEN_MAX_UPLOAD_BYTES + 64 * 1024:
+        if declared > settings.BATCHGEN_MAX_UPLOAD_BYTES + MULTIPART_ENVELOPE_BYTES:
             raise too_large_error()
         try:
             params = FileUploadInputSerializer(data=request.data)

@@ -7,9 +7,15 @@ Threads of one worker process:
   while slots are free, writes each finished one to the incremental file and
   accounts progress.
 - The engine loop: an asyncio loop that owns the engine; every request is a task on it.
-- Two DB threads: all ORM work goes through them, so a worker holds at most two
-  database connections however many chunks it runs.
-- The heartbeat: liveness, slot figures, lease renewal, and which batches must stop.
+- Two DB threads (inference.database): all ORM work goes through them, so a worker
+  holds at most two database connections however many chunks it runs.
+- The flusher: sends the chunk ledger (inference.ledger) to the database in one
+  transaction per interval, and the heartbeat (liveness, slot figures, lease
+  renewal, which batches must stop).
+
+Stopping: on SIGTERM Celery begins a warm shutdown and `drain()` runs at once: every
+chunk in hand stops its requests and is handed back to the queue (not after its
+lease runs out), then the pool's threads end and `stop()` shuts the engine down.
 """
 
 from __future__ import annotations
@@ -23,19 +29,20 @@ import socket
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+from celery.exceptions import Reject
 from django.conf import settings
-from django.db import close_old_connections, connection
 
+from batches.chunks import ChunkWork, reconcile_counts
 from batches.params import resolve_body
-from batches.services import batch_storage_full, batch_storage_resumed
 from batches.validation import read_chunk
+from batchgen_site.celery import app
 from batchgen_site.errors import is_storage_full
 from files.incremental import append_lines, scan_results
-from inference import services
+from inference.database import WorkerDatabase
 from inference.engines import (
     Engine,
     EngineConfig,
@@ -44,17 +51,18 @@ from inference.engines import (
     EngineUnavailable,
     load_engine,
 )
+from inference.ledger import ChunkLedger
 from inference.output import format_line
 from inference.slots import SlotPool, estimate_tokens
 
 logger = logging.getLogger("batchgen.inference")
 
-PROGRESS_INTERVAL = 0.5  # seconds between progress flushes of a running chunk
+PROGRESS_INTERVAL = 0.5  # seconds a chunk thread waits for results before it looks round
 # While the storage volume is full, a chunk holds its results and retries the
 # append after these many seconds, doubling up to the cap.
 STORAGE_RETRY_FIRST = 1.0
 STORAGE_RETRY_MAX = 30.0
-DB_THREADS = 2  # all of a worker's ORM work: its database connections, bounded
+STOP_DRAIN_SECONDS = 30.0  # at stop, the longest wait for chunks to be handed back
 _CANCELLED = object()
 
 
@@ -76,12 +84,20 @@ def engine_config_from_settings() -> EngineConfig:
     )
 
 
-def _db(fn, kwargs):
-    close_old_connections()
-    try:
-        return fn(**kwargs)
-    finally:
-        close_old_connections()
+@dataclass
+class ChunkRun:
+    """One chunk's requests on their way through the engine: those waiting for a
+    slot (with their token estimates), those inside it (tasks on the engine loop),
+    the results coming back, and what has been written."""
+
+    work: ChunkWork
+    output: Path
+    pending: deque[tuple[EngineRequest, int]] = field(default_factory=deque)
+    tasks: set[asyncio.Task] = field(default_factory=set)
+    results: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    outstanding: int = 0
+    completed: int = 0
+    failed: int = 0
 
 
 class InferenceRuntime:
@@ -94,10 +110,9 @@ class InferenceRuntime:
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.failed: BaseException | None = None
-        self.stop_batches: frozenset[str] = frozenset()
-        self._running: dict[int, str] = {}  # chunk id -> batch id
-        self._running_lock = threading.Lock()
-        self._db = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="batchgen-db")
+        self.database = WorkerDatabase(self.name)
+        self.ledger = ChunkLedger(self.database.flush)
+        self.draining = threading.Event()  # SIGTERM: hand chunks back, take no more
         self._stopping = threading.Event()
         self.completed = self.failed_requests = self.tokens = 0
         self._stats_lock = threading.Lock()
@@ -110,14 +125,10 @@ class InferenceRuntime:
 
     def start(self) -> None:
         threading.Thread(target=self.loop.run_forever, name="engine-loop", daemon=True).start()
-        reaped = self.db(services.worker_reap_host, hostname=self.hostname, current=self.name,
-                         pid_alive=psutil.pid_exists)
-        if reaped:
-            from batches.tasks import recover_chunks
-
-            recover_chunks.delay()
+        if self.database.reap_host(hostname=self.hostname, pid_alive=psutil.pid_exists):
+            app.send_task("batches.recover_chunks")
         self._heartbeat_once()
-        threading.Thread(target=self._heartbeat_forever, name="heartbeat", daemon=True).start()
+        threading.Thread(target=self._flush_forever, name="flusher", daemon=True).start()
         started = asyncio.run_coroutine_threadsafe(self.engine.start(), self.loop)
         started.add_done_callback(self._engine_started)
         logger.info("inference worker %s starting engine=%s model=%s slots=%s", self.name,
@@ -146,59 +157,76 @@ class InferenceRuntime:
                         error)
         os.kill(os.getpid(), signal.SIGTERM)
 
+    def drain(self) -> None:
+        """Warm shutdown began: chunks in hand stop and go back to the queue now."""
+        if not self.draining.is_set():
+            self.draining.set()
+            logger.info("inference worker %s draining: handing %s chunk(s) back", self.name,
+                        self.ledger.held)
+
     def stop(self) -> None:
         if self._stopping.is_set():
             return
+        self.drain()
+        # Chunk threads hand their chunks back through the flusher, still running.
+        if not self.ledger.wait_until_empty(STOP_DRAIN_SECONDS):
+            logger.warning("%s chunk(s) not handed back in %s s; their leases will expire",
+                           self.ledger.held, STOP_DRAIN_SECONDS)
         self._stopping.set()
         try:
-            self.db(services.worker_stopped, name=self.name)
+            self._flush_once()  # what the last chunks said, before the worker goes
+            self.database.stopped()
             asyncio.run_coroutine_threadsafe(self.engine.shutdown(), self.loop).result(30)
         except Exception:
             logger.exception("error while stopping the inference runtime")
         finally:
+            self.ledger.fail_waiting(RuntimeError("the inference worker stopped"))
             self.loop.call_soon_threadsafe(self.loop.stop)
-            self._close_db_connections()
-            self._db.shutdown(wait=False)
+            self.database.close()
 
-    def _close_db_connections(self) -> None:
-        """Close the DB threads' connections (one task per thread, held at a barrier
-        so each thread runs exactly one)."""
-        barrier = threading.Barrier(DB_THREADS)
+    @property
+    def stop_batches(self) -> frozenset[str]:
+        return self.ledger.stop_batches
 
-        def close() -> None:
-            connection.close()
-            barrier.wait(timeout=10)
-
-        for future in [self._db.submit(close) for _ in range(DB_THREADS)]:
-            try:
-                future.result(timeout=15)
-            except Exception:
-                logger.warning("a database connection did not close cleanly")
-
-    def db(self, fn, **kwargs):
-        return self._db.submit(_db, fn, kwargs).result()
-
-    # --- heartbeat ----------------------------------------------------------------------
+    # --- flushes and heartbeats -----------------------------------------------------------
 
     def _heartbeat_once(self) -> None:
-        with self._running_lock:
-            chunk_ids = list(self._running)
-        self.stop_batches = frozenset(self.db(
-            services.worker_heartbeat, name=self.name, hostname=self.hostname,
-            engine=self.config.engine, model=self.config.served_model_name,
-            capacity=self.slots.capacity, active=self.slots.active,
-            tokens_active=self.slots.tokens_active, token_budget=self.slots.token_budget,
-            ready=self.ready.is_set() and self.failed is None, completed=self.completed,
-            failed=self.failed_requests, tokens=self.tokens, chunk_ids=chunk_ids,
+        self.database.heartbeat(
+            hostname=self.hostname, engine=self.config.engine,
+            model=self.config.served_model_name, capacity=self.slots.capacity,
+            active=self.slots.active, tokens_active=self.slots.tokens_active,
+            token_budget=self.slots.token_budget,
+            ready=self.ready.is_set() and self.failed is None and not self.draining.is_set(),
+            completed=self.completed, failed=self.failed_requests, tokens=self.tokens,
             storage_error=self.storage_error,
-        ))
+        )
 
-    def _heartbeat_forever(self) -> None:
-        while not self._stopping.wait(settings.BATCHGEN_HEARTBEAT_SECONDS):
-            try:
-                self._heartbeat_once()
-            except Exception:
-                logger.exception("heartbeat failed; retrying")
+    def _flush_once(self) -> None:
+        try:
+            self.ledger.flush()
+        except Exception:
+            logger.exception("flushing chunk progress failed; it is kept for the next flush")
+
+    def _flush_forever(self) -> None:
+        """Flush when a chunk thread waits on it, when there is progress and the
+        interval has passed, and at every heartbeat (lease renewal)."""
+        interval = settings.BATCHGEN_PROGRESS_FLUSH_SECONDS
+        heartbeat_due = last_flush = time.monotonic()
+        while not self._stopping.is_set():
+            urgent = self.ledger.urgent.wait(interval)
+            if self._stopping.is_set():
+                return
+            now = time.monotonic()
+            beat = now >= heartbeat_due
+            if urgent or beat or (self.ledger.has_news() and now - last_flush >= interval):
+                self._flush_once()
+                last_flush = now
+            if beat:
+                heartbeat_due = now + settings.BATCHGEN_HEARTBEAT_SECONDS
+                try:
+                    self._heartbeat_once()
+                except Exception:
+                    logger.exception("heartbeat failed; retrying")
 
     # --- running a chunk ------------------------------------------------------------------
 
@@ -206,9 +234,28 @@ class InferenceRuntime:
         self.ready.wait()
         if self.failed is not None:
             raise RuntimeError(f"the engine failed to start: {self.failed!r}")
-        work = self.db(services.chunk_claim, chunk_id=chunk_id, worker=self.name)
+        if self.draining.is_set():
+            # Not claimed: the message goes back to the broker for another worker.
+            raise Reject("inference worker stopping", requeue=True)
+        work = self.database.claim(chunk_id)
         if work is None:
             return "not claimed"
+        self.ledger.hold(work.chunk_id)
+        try:
+            run = self._run_chunk(work)
+        except BaseException:
+            self.ledger.drop(work.chunk_id)
+            raise
+        if self.failed is not None or self.draining.is_set():
+            # This worker is going away mid-chunk: keep what was written, hand the
+            # rest back to the queue now rather than when the lease runs out.
+            self.ledger.release(work.chunk_id).result()
+            return f"chunk {work.batch_id}#{work.index}: released, worker stopping"
+        status = self.ledger.close(work.chunk_id).result()
+        return (f"chunk {work.batch_id}#{work.index}: {status or 'lost'}, {run.completed} "
+                f"completed, {run.failed} failed")
+
+    def _run_chunk(self, work: ChunkWork) -> ChunkRun:
         requests = read_chunk(Path(work.input_path), start=work.start_offset,
                               end=work.end_offset, max_line_bytes=settings.BATCHGEN_MAX_LINE_BYTES,
                               order_path=Path(work.order_path) if work.order_path else None)
@@ -216,31 +263,14 @@ class InferenceRuntime:
         if work.attempts > 1:
             # A redelivery: skip what an earlier attempt already wrote.
             written = scan_results(output, {r["custom_id"] for r in requests})
-            self.db(services.chunk_reconcile, work=work, worker=self.name, written=written)
+            self.ledger.add(work.chunk_id, *reconcile_counts(work, written))
             requests = [r for r in requests if r["custom_id"] not in written]
-        with self._running_lock:
-            self._running[work.chunk_id] = work.batch_id
-        try:
-            completed, failed = self._run_requests(work, requests, output)
-        finally:
-            with self._running_lock:
-                self._running.pop(work.chunk_id, None)
-        if self.failed is not None or self._stopping.is_set():
-            # This worker is going away mid-chunk: keep what was written, hand the
-            # rest back to the queue now rather than when the lease runs out.
-            self.db(services.chunk_release, chunk_id=work.chunk_id, worker=self.name,
-                    completed=completed, failed=failed)
-            return f"chunk {work.batch_id}#{work.index}: released, worker stopping"
-        self.db(services.chunk_close, chunk_id=work.chunk_id, worker=self.name,
-                completed=completed, failed=failed)
-        return f"chunk {work.batch_id}#{work.index}: {completed} completed, {failed} failed"
+        return self._run_requests(work, requests, output)
 
-    def _run_requests(self, work: services.ChunkWork, requests: list[dict],
-                      output: Path) -> tuple[int, int]:
-        """Submit while slots are free, write results as they come, flush progress.
-        Returns the results not yet accounted when the chunk ends."""
-        results: queue.SimpleQueue = queue.SimpleQueue()
-        pending: deque[tuple[EngineRequest, int]] = deque()
+    def _run_requests(self, work: ChunkWork, requests: list[dict], output: Path) -> ChunkRun:
+        """Submit while slots are free, write results as they come and put them in
+        the ledger."""
+        run = ChunkRun(work=work, output=output)
         for position, item in enumerate(requests):
             request = EngineRequest(
                 request_id=f"{work.batch_id}-{work.index}-{position}-{work.attempts}",
@@ -249,64 +279,62 @@ class InferenceRuntime:
                 body=resolve_body(item["body"], work.params, endpoint=work.endpoint),
                 max_context_length=work.params.max_context_length,
             )
-            pending.append((request, estimate_tokens(request)))
-        tasks: set[asyncio.Task] = set()
-
-        def submit(admitted: list[tuple[EngineRequest, int]]) -> None:
-            # One hand-over to the engine loop for everything admitted at once.
-            self.loop.call_soon_threadsafe(self._start_requests, admitted, results, tasks)
-
+            run.pending.append((request, estimate_tokens(request)))
         try:
-            return self._loop_requests(work, pending, tasks, results, submit, output)
+            self._loop_requests(run)
         except BaseException:
-            self.loop.call_soon_threadsafe(lambda: [t.cancel() for t in list(tasks)])
+            self._cancel(run)
             raise
+        return run
 
-    def _loop_requests(self, work, pending, tasks, results, submit, output) -> tuple[int, int]:
-        outstanding = 0
-        completed = failed = 0
-        last_flush = time.monotonic()
+    def _loop_requests(self, run: ChunkRun) -> None:
+        work = run.work
         stopped = False
-        while pending or outstanding:
-            if not stopped and (work.batch_id in self.stop_batches or self._stopping.is_set()
-                                or self.failed is not None):
+        while run.pending or run.outstanding:
+            if self.ledger.is_lost(work.chunk_id):
+                logger.warning("lost the lease of chunk %s#%s; stopping it", work.batch_id,
+                               work.index)
+                raise RuntimeError("chunk lease lost")
+            if not stopped and self._must_stop(work.batch_id):
                 stopped = True
-                pending.clear()
-                self.loop.call_soon_threadsafe(lambda: [t.cancel() for t in list(tasks)])
+                run.pending.clear()
+                self._cancel(run)
             admitted = []
-            while pending and self.slots.try_acquire(tokens=pending[0][1]):
-                admitted.append(pending.popleft())
-            if (pending and not outstanding and not admitted
-                    and self.slots.acquire(timeout=PROGRESS_INTERVAL, tokens=pending[0][1])):
-                admitted.append(pending.popleft())
+            while run.pending and self.slots.try_acquire(tokens=run.pending[0][1]):
+                admitted.append(run.pending.popleft())
+            if (run.pending and not run.outstanding and not admitted
+                    and self.slots.acquire(timeout=PROGRESS_INTERVAL,
+                                           tokens=run.pending[0][1])):
+                admitted.append(run.pending.popleft())
             if admitted:
-                submit(admitted)
-                outstanding += len(admitted)
-            if not outstanding:
+                # One hand-over to the engine loop for everything admitted at once.
+                self.loop.call_soon_threadsafe(self._start_requests, admitted, run)
+                run.outstanding += len(admitted)
+            if not run.outstanding:
                 continue
-            finished = self._drain(results)
-            outstanding -= len(finished)
+            finished = self._drain(run.results)
+            run.outstanding -= len(finished)
             finished = [(custom_id, r) for custom_id, r in finished if r is not _CANCELLED]
-            if self._write(work, output, [format_line(*item) for item in finished]):
+            if finished and self._write(work, run.output,
+                                        [format_line(*item) for item in finished]):
+                completed = sum(1 for _, result in finished if result.error is None)
+                failed = len(finished) - completed
+                run.completed += completed
+                run.failed += failed
+                self.ledger.add(work.chunk_id, completed, failed)
                 for _, result in finished:
-                    if result.error is None:
-                        completed += 1
-                    else:
-                        failed += 1
                     self._count(result)
-            if time.monotonic() - last_flush >= PROGRESS_INTERVAL and (completed or failed):
-                if not self.db(services.chunk_progress, chunk_id=work.chunk_id,
-                               worker=self.name, completed=completed, failed=failed):
-                    logger.warning("lost the lease of chunk %s#%s; stopping it",
-                                   work.batch_id, work.index)
-                    raise RuntimeError("chunk lease lost")
-                completed = failed = 0
-                last_flush = time.monotonic()
-        return completed, failed
+
+    def _must_stop(self, batch_id: str) -> bool:
+        return (batch_id in self.stop_batches or self.draining.is_set()
+                or self.failed is not None)
+
+    def _cancel(self, run: ChunkRun) -> None:
+        self.loop.call_soon_threadsafe(lambda: [t.cancel() for t in list(run.tasks)])
 
     # --- writing results ------------------------------------------------------------------
 
-    def _write(self, work: services.ChunkWork, output: Path, lines: list[bytes]) -> bool:
+    def _write(self, work: ChunkWork, output: Path, lines: list[bytes]) -> bool:
         """Append finished results. While the storage volume is full, hold them (the
         heartbeat keeps the chunk's lease) and retry with backoff until there is room,
         so no inference is lost to a full disk. They are given up only when the batch
@@ -327,8 +355,9 @@ class InferenceRuntime:
                         waiting = True
                         self._storage_full(work, output, exc)
                     else:  # another chunk of the batch may have cleared it meanwhile
-                        self._tell_storage(batch_storage_full, work.batch_id, heartbeat=False)
-                if (self._stopping.wait(delay) or self.failed is not None
+                        self._tell_storage(self.database.storage_full, work.batch_id,
+                                           heartbeat=False)
+                if (self.draining.wait(delay) or self.failed is not None
                         or work.batch_id in self.stop_batches):
                     logger.warning("chunk %s#%s stops with %s result(s) unwritten (storage "
                                    "full); they run again if the batch goes on",
@@ -341,7 +370,7 @@ class InferenceRuntime:
                 self._storage_room(work, batch_resumed=written or
                                    work.batch_id in self.stop_batches)
 
-    def _storage_full(self, work: services.ChunkWork, output: Path, error: OSError) -> None:
+    def _storage_full(self, work: ChunkWork, output: Path, error: OSError) -> None:
         with self._storage_lock:
             self._storage_waiting += 1
             first = not self.storage_error
@@ -350,9 +379,9 @@ class InferenceRuntime:
             logger.error("storage full: cannot append results to %s (%s); chunks hold "
                          "their results and retry until space is freed on the volume",
                          output, error.strerror)
-        self._tell_storage(batch_storage_full, work.batch_id)
+        self._tell_storage(self.database.storage_full, work.batch_id)
 
-    def _storage_room(self, work: services.ChunkWork, *, batch_resumed: bool) -> None:
+    def _storage_room(self, work: ChunkWork, *, batch_resumed: bool) -> None:
         with self._storage_lock:
             self._storage_waiting -= 1
             last = self._storage_waiting == 0 and bool(self.storage_error)
@@ -361,13 +390,13 @@ class InferenceRuntime:
         if last:
             logger.warning("the storage volume takes results again; chunks resume")
         if batch_resumed:
-            self._tell_storage(batch_storage_resumed, work.batch_id)
+            self._tell_storage(self.database.storage_resumed, work.batch_id)
 
     def _tell_storage(self, change, batch_id: str, *, heartbeat: bool = True) -> None:
         """Show the state on the batch and, through a heartbeat now, in /health and
         /v1/pool/status. A failure here must not lose the results being held."""
         try:
-            self.db(change, batch_id=batch_id)
+            change(batch_id)
             if heartbeat:
                 self._heartbeat_once()
         except Exception:
@@ -395,12 +424,11 @@ class InferenceRuntime:
 
     # --- on the engine loop ----------------------------------------------------------------
 
-    def _start_requests(self, admitted: list[tuple[EngineRequest, int]],
-                        results: queue.SimpleQueue, tasks: set) -> None:
+    def _start_requests(self, admitted: list[tuple[EngineRequest, int]], run: ChunkRun) -> None:
         for request, tokens in admitted:
-            task = self.loop.create_task(self._generate(request, tokens, results))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            task = self.loop.create_task(self._generate(request, tokens, run.results))
+            run.tasks.add(task)
+            task.add_done_callback(run.tasks.discard)
 
     async def _generate(self, request: EngineRequest, tokens: int,
                         results: queue.SimpleQueue) -> None:
@@ -446,3 +474,8 @@ def get_runtime() -> InferenceRuntime | None:
 def stop_runtime() -> None:
     if _runtime is not None:
         _runtime.stop()
+
+
+def drain_runtime() -> None:
+    if _runtime is not None:
+        _runtime.drain()

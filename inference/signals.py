@@ -46,6 +46,15 @@ def on_worker_ready(sender, **kwargs):
         get_runtime()  # start loading the engine now, not on the first chunk
 
 
+@signals.worker_shutting_down.connect
+def on_worker_shutting_down(**kwargs):
+    # Sent as a warm shutdown begins, before Celery waits for the running tasks:
+    # the chunks in hand are handed back now instead of being run to their end.
+    from inference.runtime import drain_runtime
+
+    drain_runtime()
+
+
 @signals.worker_shutdown.connect
 def on_worker_shutdown(sender, **kwargs):
     from inference.runtime import stop_runtime

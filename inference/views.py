@@ -7,7 +7,24 @@ from rest_framework.views import APIView
 
 from batchgen_site.errors import NotFound, error_responses
 from batchgen_site.pagination import list_envelope_serializer
+from batchgen_site.representation import represent
+from inference import selectors
 from inference.model_info import SERVER_STARTED, served_model
+
+
+class PoolStatusSerializer(serializers.Serializer):
+    intake_pool_size = serializers.IntegerField()
+    intake_pool_capacity = serializers.IntegerField()
+    scheduling_pool_active = serializers.IntegerField()
+    scheduling_pool_free = serializers.IntegerField()
+    scheduling_pool_capacity = serializers.IntegerField()
+    active_batches = serializers.IntegerField()
+    pool_mode = serializers.BooleanField()
+    scheduling_pool_tokens_active = serializers.IntegerField()
+    scheduling_pool_token_budget = serializers.IntegerField(allow_null=True)
+    storage_error = serializers.CharField(
+        allow_null=True, help_text="Why workers cannot write results now (the storage "
+        "volume full), or null. Their batches wait and resume once there is room.")
 
 
 class ModelSerializer(serializers.Serializer):
@@ -47,3 +64,10 @@ class ModelDetailView(APIView):
             raise NotFound(f"The model {model_id!r} does not exist; this server serves "
                            f"{model['id']!r}.", param="model", code="model_not_found")
         return Response(model)
+
+
+class PoolStatusView(APIView):
+    @extend_schema(responses={200: PoolStatusSerializer, **error_responses(401)},
+                   operation_id="pool_status")
+    def get(self, request):
+        return Response(represent(PoolStatusSerializer, selectors.pool_status_cached()))

@@ -97,9 +97,14 @@ def published(monkeypatch):
     def fake_apply_async(self, args=None, kwargs=None, **options):
         sent.append((self.name, tuple(args or ())))
 
+    def fake_send_task(self, name, args=None, kwargs=None, **options):
+        sent.append((name, tuple(args or ())))
+
+    from celery import Celery
     from celery.app.task import Task
 
     monkeypatch.setattr(Task, "apply_async", fake_apply_async)
+    monkeypatch.setattr(Celery, "send_task", fake_send_task)  # tasks published by name
     return sent
 
 
@@ -143,3 +148,24 @@ def batch_in_progress(upload, settings):
         return batch
 
     return _make
+
+
+@pytest.fixture
+def hold_intake():
+    """Fill the IntakePool by `requests`, as an in-progress batch holding them would
+    (the pool's size is the sum of what active batches hold)."""
+
+    def _hold(requests: int):
+        from datetime import timedelta
+
+        from django.utils import timezone
+
+        from batches.models import Batch, BatchStatus
+
+        return Batch.objects.create(
+            id=f"batch_holder{Batch.objects.count()}", endpoint="/v1/chat/completions",
+            model="m", input_file_id="file-holder", status=BatchStatus.IN_PROGRESS,
+            expires_at=timezone.now() + timedelta(days=1), total=requests,
+            intake_reserved=requests)
+
+    return _hold

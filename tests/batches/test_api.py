@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, IntakePool
+from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
 from files.models import File, FilePurpose
 from inference.model_info import served_model
 from inference.models import Worker
@@ -148,6 +148,19 @@ def test_create_with_metadata_over_the_limits_is_400(api, input_file, published,
     assert Batch.objects.count() == 0
 
 
+@pytest.mark.parametrize("value, kind", [
+    (5, "a number"), (1.5, "a number"), (True, "a boolean"), (["a"], "an array"),
+    ({"a": "b"}, "an object"),
+])
+def test_create_with_a_metadata_value_that_is_not_a_string_is_400_naming_its_key(
+        api, input_file, published, value, kind):
+    response = create(api, input_file_id=input_file["id"], metadata={"ok": "v", "k": value})
+
+    error = assert_envelope(response, 400, param="metadata.k", code="invalid_type")
+    assert f"must be strings; got {kind}" in error["message"]
+    assert Batch.objects.count() == 0
+
+
 def test_create_accepts_metadata_at_the_limits(api, input_file, published):
     metadata = {f"{i:02d}" + "k" * 62: "v" * 512 for i in range(16)}
 
@@ -164,10 +177,14 @@ def test_create_accepts_metadata_at_the_limits(api, input_file, published):
     ("max_context_length", 0),
     ("temperature", -0.1),
     ("temperature", "hot"),
+    ("temperature", 3),  # OpenAI's range is 0 to 2, as in a request body
+    ("temperature", 2.01),
+    ("temperature", "nan"),
     ("top_p", 0),
     ("top_p", 1.5),
+    ("top_p", 1.01),
     ("top_p", -0.5),
-    ("top_k", -1),
+    ("top_k", -2),
     ("top_k", 2.5),
 ])
 def test_create_with_bad_batch_level_parameters_is_400(api, input_file, published, field, value):
@@ -175,6 +192,18 @@ def test_create_with_bad_batch_level_parameters_is_400(api, input_file, publishe
 
     assert_envelope(response, 400, param=field)
     assert Batch.objects.count() == 0
+
+
+@pytest.mark.parametrize("field, value", [
+    ("temperature", 0), ("temperature", 2), ("top_p", 1), ("top_p", 0.01), ("top_k", -1),
+    ("top_k", 0), ("max_decoding_length", 1),
+])
+def test_create_accepts_batch_level_parameters_at_the_bounds_of_a_body(
+        api, input_file, published, field, value):
+    response = create(api, input_file_id=input_file["id"], **{field: value})
+
+    assert response.status_code == 200, response.content
+    assert response.json()[field] == value
 
 
 def test_create_with_max_context_length_over_the_models_is_400(api, input_file, published):
@@ -208,17 +237,17 @@ def test_a_file_can_be_batched_again_once_its_batch_is_over(api, input_file, pub
 
 
 def test_create_when_the_intake_pool_is_full_is_429_with_retry_after(
-        api, input_file, published, settings):
+        api, input_file, published, settings, hold_intake):
     settings.BATCHGEN_MAX_INTAKE_CAPACITY = 10
     settings.BATCHGEN_RETRY_AFTER_SECONDS = 17
-    IntakePool.objects.update_or_create(id=1, defaults={"reserved": 10})
+    holder = hold_intake(10)
 
     response = create(api, input_file_id=input_file["id"])
 
     assert_envelope(response, 429, code="intake_pool_full")
     assert response.json()["error"]["type"] == "rate_limit_error"
     assert response["Retry-After"] == "17"
-    assert Batch.objects.count() == 0
+    assert list(Batch.objects.all()) == [holder]
     assert published == []
 
 
@@ -269,6 +298,27 @@ def test_list_pages_with_limit_and_after(api, three_batches):
     assert [b["id"] for b in rest["data"]] == [three_batches[0]]
     assert rest["has_more"] is False
     assert rest["first_id"] == rest["last_id"] == three_batches[0]
+
+
+@pytest.mark.parametrize("after", [
+    "batch_unknown",  # sorts after every id: the first page, before the fix
+    "batch_066188dde2cbcc4ad1538b7c",  # shaped like an id, but of no batch
+    "file-066188dde2cbcc4ad1538b7c",  # a file's id
+])
+def test_list_after_an_id_of_no_batch_is_400_not_the_first_page(api, three_batches, after):
+    error = assert_envelope(api.get("/v1/batches", {"after": after}), 400, param="after",
+                            code="invalid_cursor")
+
+    assert after in error["message"]
+
+
+def test_list_after_another_keys_batch_is_400_as_if_it_did_not_exist(api, three_batches):
+    from batchgen_site.auth import apikey_create
+
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {apikey_create(name='other')[1]}")
+
+    assert_envelope(api.get("/v1/batches", {"after": three_batches[1]}), 400, param="after",
+                    code="invalid_cursor")
 
 
 def test_empty_list(api):
@@ -456,3 +506,140 @@ def test_batch_json_round_trips_through_the_openai_sdk_shape(api, input_file, pu
     assert parsed.id == batch["id"]
     assert parsed.status == "validating"
     assert set(SdkBatch.model_fields) - {"usage"} <= set(batch)
+
+
+# --- output (the incremental file, from a byte offset) ---------------------------------
+
+LINES = [b'{"custom_id": "a"}\n', b'{"custom_id": "bb"}\n', b'{"custom_id": "ccc"}\n']
+
+
+@pytest.fixture
+def batch_with_output(api, input_file, published, storage) -> str:
+    batch_id = create(api, input_file_id=input_file["id"]).json()["id"]
+    # Two whole lines and the torn start of a third, as a writer mid-append leaves them.
+    (storage / "incremental" / f"{batch_id}.jsonl").write_bytes(
+        LINES[0] + LINES[1] + LINES[2][:5])
+    return batch_id
+
+
+def test_output_from_every_line_start_is_the_whole_lines_from_there(api, batch_with_output):
+    for offset, expected in [(0, LINES[0] + LINES[1]), (len(LINES[0]), LINES[1]),
+                             (len(LINES[0] + LINES[1]), b"")]:
+        response = api.get(f"/v1/batches/{batch_with_output}/output", {"offset": offset})
+
+        assert response.status_code == 200
+        assert b"".join(response.streaming_content) == expected
+        assert response["X-Next-Offset"] == str(len(LINES[0] + LINES[1]))
+
+
+@pytest.mark.parametrize("offset", [1, len(LINES[0]) - 1, len(LINES[0]) + 7])
+def test_output_from_an_offset_inside_a_line_is_400_naming_the_nearest_line_starts(
+        api, batch_with_output, offset):
+    line = 0 if offset < len(LINES[0]) else 1
+    start = len(b"".join(LINES[:line]))
+
+    error = assert_envelope(api.get(f"/v1/batches/{batch_with_output}/output",
+                                    {"offset": offset}), 400, param="offset",
+                            code="offset_not_at_line_start")
+
+    assert f"start at {start} and {start + len(LINES[line])}" in error["message"]
+
+
+# --- line errors (the batch object shows the first 100; /errors pages through all) -------
+
+
+@pytest.fixture
+def batch_with_bad_lines(upload, published):
+    """A batch validated and failed: lines 1..count are not JSON, line count+1 is good."""
+
+    def _make(count: int) -> dict:
+        from batches import services
+
+        file = upload(b"not json\n" * count + jsonl([chat_line("good")]))
+        batch = services.batch_create(input_file_id=file["id"], endpoint="/v1/chat/completions",
+                                      model="m")
+        return {"id": services.batch_validate(batch_id=batch.id).id}
+
+    return _make
+
+
+def test_a_batch_with_10001_bad_lines_stays_small_and_the_sdk_still_parses_it(
+        api, batch_with_bad_lines):
+    from openai.types import Batch as SdkBatch
+
+    batch_id = batch_with_bad_lines(10_001)["id"]
+
+    response = api.get(f"/v1/batches/{batch_id}")
+
+    assert len(response.content) < 30_000  # 1.5 MB before: every error on every poll
+    errors = response.json()["errors"]
+    assert [e["line"] for e in errors["data"]] == list(range(1, 101))
+    assert (errors["total"], errors["has_more"]) == (10_001, True)
+    assert "10001 input line(s)" in response.json()["error"]["message"]
+    parsed = SdkBatch.model_validate(response.json())
+    assert len(parsed.errors.data) == 100 and parsed.errors.data[0].code == "invalid_json"
+
+
+def test_errors_endpoint_pages_through_every_kept_error_by_line(api, batch_with_bad_lines):
+    batch_id = batch_with_bad_lines(10_001)["id"]
+
+    first = api.get(f"/v1/batches/{batch_id}/errors").json()
+    rest = api.get(f"/v1/batches/{batch_id}/errors",
+                   {"after": first["data"][-1]["line"], "limit": 10_000}).json()
+
+    assert (first["object"], len(first["data"]), first["has_more"]) == ("list", 1000, True)
+    assert first["total"] == rest["total"] == 10_001
+    lines = [e["line"] for e in first["data"] + rest["data"]]
+    assert lines == list(range(1, 10_001))  # the first 10,000 are kept
+    assert rest["has_more"] is False
+    assert set(first["data"][0]) == {"code", "message", "line", "param"}
+
+
+def test_a_batch_with_a_few_bad_lines_lists_them_all_on_the_batch_and_the_endpoint(
+        api, batch_with_bad_lines):
+    batch_id = batch_with_bad_lines(3)["id"]
+
+    errors = api.get(f"/v1/batches/{batch_id}").json()["errors"]
+    listed = api.get(f"/v1/batches/{batch_id}/errors").json()
+
+    assert (errors["total"], errors["has_more"]) == (3, False)
+    assert listed == {"object": "list", "data": errors["data"], "has_more": False, "total": 3}
+
+
+def test_errors_of_a_batch_without_bad_lines_is_an_empty_list(api, input_file, published):
+    batch_id = create(api, input_file_id=input_file["id"]).json()["id"]
+
+    assert api.get(f"/v1/batches/{batch_id}/errors").json() == {
+        "object": "list", "data": [], "has_more": False, "total": 0}
+
+
+@pytest.mark.parametrize("query, param", [({"limit": 0}, "limit"), ({"limit": 10_001}, "limit"),
+                                          ({"after": -1}, "after"), ({"after": "x"}, "after")])
+def test_errors_endpoint_refuses_bad_query_parameters(api, input_file, published, query, param):
+    batch_id = create(api, input_file_id=input_file["id"]).json()["id"]
+
+    assert_envelope(api.get(f"/v1/batches/{batch_id}/errors", query), 400, param=param)
+
+
+def test_errors_of_an_unknown_batch_is_404(api):
+    assert_envelope(api.get("/v1/batches/batch_nope/errors"), 404, param="batch_id",
+                    code="not_found")
+
+
+def test_a_batch_failed_before_the_upgrade_keeps_every_error_on_the_endpoint(api, input_file,
+                                                                              published):
+    import importlib
+
+    from django.apps import apps
+
+    upgrade = importlib.import_module("batches.migrations.0007_line_errors")
+    batch_id = create(api, input_file_id=input_file["id"]).json()["id"]
+    legacy = [{"code": "invalid_json", "message": "bad", "line": n, "param": None}
+              for n in range(1, 251)]
+    Batch.objects.filter(id=batch_id).update(status=BatchStatus.FAILED, errors=legacy)
+
+    upgrade.move_line_errors(apps, None)
+
+    shown = api.get(f"/v1/batches/{batch_id}").json()["errors"]
+    assert (len(shown["data"]), shown["total"], shown["has_more"]) == (100, 250, True)
+    assert api.get(f"/v1/batches/{batch_id}/errors").json()["data"] == legacy

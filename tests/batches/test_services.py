@@ -11,9 +11,11 @@ import pytest
 from django.utils import timezone
 
 from batches import recovery, services
-from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, IntakePool
+from batches.intake import intake_reserved
+from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
 from batches.services import IllegalTransition, batch_transition
 from files.models import File, FilePurpose
+from tests.concurrency import require_concurrent_database, run_together
 from tests.conftest import chat_line, jsonl
 
 pytestmark = pytest.mark.django_db
@@ -187,9 +189,10 @@ def test_a_file_of_blank_lines_fails_as_empty(
 
 
 def test_a_batch_that_does_not_fit_the_intake_pool_fails_with_capacity_exceeded(
-        create_batch, settings, published, reserved, django_capture_on_commit_callbacks):
+        create_batch, settings, published, reserved, django_capture_on_commit_callbacks,
+        hold_intake):
     settings.BATCHGEN_MAX_INTAKE_CAPACITY = 10
-    IntakePool.objects.update_or_create(id=1, defaults={"reserved": 7})
+    hold_intake(7)
     batch = create_batch([chat_line(f"r{i}") for i in range(4)])
 
     failed = validate(batch.id, django_capture_on_commit_callbacks)
@@ -204,9 +207,10 @@ def test_a_batch_that_does_not_fit_the_intake_pool_fails_with_capacity_exceeded(
 
 
 def test_a_batch_that_exactly_fills_the_intake_pool_is_enqueued(
-        create_batch, settings, published, reserved, django_capture_on_commit_callbacks):
+        create_batch, settings, published, reserved, django_capture_on_commit_callbacks,
+        hold_intake):
     settings.BATCHGEN_MAX_INTAKE_CAPACITY = 10
-    IntakePool.objects.update_or_create(id=1, defaults={"reserved": 6})
+    hold_intake(6)
     batch = create_batch([chat_line(f"r{i}") for i in range(4)])
 
     assert validate(batch.id, django_capture_on_commit_callbacks).status == S.IN_PROGRESS
@@ -324,7 +328,6 @@ def test_expired_batch_fails_keeping_its_partial_output(running_batch, storage, 
     batch = running_batch(5, chunk_size=2)
     Chunk.objects.filter(batch=batch, index=0).update(status=ChunkStatus.DONE, completed=2)
     Batch.objects.filter(id=batch.id).update(completed=2)
-    IntakePool.objects.filter(id=1).update(reserved=3)
     Batch.objects.filter(id=batch.id).update(intake_reserved=3)
     partial = result("req-0") + result("req-1")
     incremental(storage, batch).write_bytes(partial)
@@ -469,6 +472,42 @@ def test_recover_restarts_a_validation_lost_with_its_worker(create_batch, publis
     assert published == [("batches.validate_batch", (batch.id,))]
 
 
+def test_recover_restarts_a_lost_validation_a_bounded_number_of_times_then_fails_it(
+        create_batch, published, settings, reserved):
+    settings.BATCHGEN_VALIDATION_MAX_RESTARTS = 2
+    batch = create_batch()
+    published.clear()
+
+    for _ in range(4):  # each pass finds the validation lost again
+        Batch.objects.filter(id=batch.id).update(
+            validation_started_at=timezone.now() - timedelta(hours=1))
+        recovery.recover()
+
+    assert published == [("batches.validate_batch", (batch.id,))] * 2
+    failed = Batch.objects.get(id=batch.id)
+    assert failed.status == S.FAILED
+    assert failed.error["code"] == "validation_failed"
+    assert "BATCHGEN_VALIDATION_MAX_RESTARTS" in failed.error["message"]
+    assert reserved() == 0
+
+
+@pytest.mark.parametrize("gone", ["row", "bytes"])
+def test_validation_of_a_batch_whose_input_file_is_gone_fails_it_clearly(
+        create_batch, storage, gone):
+    batch = create_batch()
+    if gone == "row":  # deleted behind the API's back (its in-use check is the guard)
+        File.objects.filter(id=batch.input_file_id).delete()
+    else:
+        (storage / "uploads" / f"{batch.input_file_id}.jsonl").unlink()
+
+    failed = services.batch_validate(batch_id=batch.id)
+
+    assert failed.status == S.FAILED
+    assert failed.error["code"] == "input_file_missing"
+    assert batch.input_file_id in failed.error["message"]
+    assert not Chunk.objects.filter(batch_id=batch.id).exists()
+
+
 def test_recover_repairs_a_torn_tail_when_no_chunk_is_running(running_batch, storage):
     batch = running_batch(2, chunk_size=1)
     incremental(storage, batch).write_bytes(result("req-0") + b'{"custom_id": "req-1", "resp')
@@ -559,41 +598,6 @@ def test_cancel_of_a_batch_past_running_raises_a_400_error(status):
 # --- concurrency (real transactions, one connection per thread) ---------------------------
 
 
-def require_concurrent_database() -> None:
-    from django.db import connection
-
-    if connection.vendor == "sqlite" and connection.is_in_memory_db():
-        # Shared-cache in-memory SQLite answers "table is locked" at once instead of
-        # waiting out the busy timeout as the file database of a real server does.
-        pytest.skip("needs PostgreSQL or a file-backed SQLite test database")
-
-
-def run_together(count: int, work) -> list:
-    """Run `work(i)` on `count` threads released at once; their results or errors."""
-    import threading
-
-    from django.db import connection
-
-    barrier = threading.Barrier(count)
-    outcomes: list = [None] * count
-
-    def run(i: int) -> None:
-        try:
-            barrier.wait()
-            outcomes[i] = work(i)
-        except Exception as exc:  # compared by the test
-            outcomes[i] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return outcomes
-
-
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_creates_on_one_file_make_exactly_one_active_batch(upload, published):
     from batchgen_site.errors import BatchGenError
@@ -616,7 +620,6 @@ def test_concurrent_creates_on_one_file_make_exactly_one_active_batch(upload, pu
 def test_concurrent_validations_never_reserve_past_capacity(upload, published, settings):
     require_concurrent_database()
     settings.BATCHGEN_MAX_INTAKE_CAPACITY = 10
-    IntakePool.objects.update_or_create(id=1, defaults={"reserved": 0})
     batches = [
         services.batch_create(input_file_id=upload(jsonl(
             [chat_line(f"b{n}-{i}") for i in range(4)]))["id"],
@@ -630,5 +633,5 @@ def test_concurrent_validations_never_reserve_past_capacity(upload, published, s
     statuses = sorted(o.status for o in outcomes)
     assert statuses == [S.FAILED, S.FAILED, S.IN_PROGRESS, S.IN_PROGRESS]  # 4 + 4 <= 10
     assert all(o.error["code"] == "capacity_exceeded" for o in outcomes if o.status == S.FAILED)
-    assert IntakePool.objects.get(id=1).reserved == 8
+    assert intake_reserved() == 8
     assert Chunk.objects.values("batch").distinct().count() == 2

@@ -64,13 +64,56 @@ BAD_CHAT_LINES = [
     pytest.param(with_body(model="m", messages=[]), "invalid_body", "body.messages",
                  id="empty-messages"),
     pytest.param(with_body(model="m", messages=[{"content": "hi"}]), "invalid_body",
-                 "body.messages[0]", id="message-without-role"),
+                 "body.messages[0].role", id="message-without-role"),
+    pytest.param(with_body(model="m", messages=["hi"]), "invalid_body",
+                 "body.messages[0]", id="message-a-string"),
+    *[pytest.param(with_body(model="m", messages=messages), "invalid_body", param, id=name)
+      for name, messages, param in [
+          ("role-wizard", [{"role": "wizard", "content": "hi"}], "body.messages[0].role"),
+          ("role-function", [{"role": "function", "name": "f", "content": "1"}],
+           "body.messages[0].role"),
+          ("role-uppercase", [{"role": "User", "content": "hi"}], "body.messages[0].role"),
+          ("content-number", [{"role": "user", "content": 123}], "body.messages[0].content"),
+          ("content-missing", [{"role": "user"}], "body.messages[0].content"),
+          ("content-null", [{"role": "system", "content": None}], "body.messages[0].content"),
+          ("content-object", [{"role": "user", "content": {"text": "hi"}}],
+           "body.messages[0].content"),
+          ("content-empty-list", [{"role": "user", "content": []}],
+           "body.messages[0].content"),
+          ("content-part-string", [{"role": "user", "content": ["hi"]}],
+           "body.messages[0].content[0]"),
+          ("content-part-without-type", [{"role": "user", "content": [{"text": "hi"}]}],
+           "body.messages[0].content[0]"),
+          ("text-part-without-text", [{"role": "user", "content": [{"type": "text"}]}],
+           "body.messages[0].content[0].text"),
+          ("assistant-without-content-or-tool-calls", [{"role": "assistant"}],
+           "body.messages[0].content"),
+          ("assistant-with-empty-tool-calls", [{"role": "assistant", "tool_calls": []}],
+           "body.messages[0].content"),
+          ("assistant-tool-calls-not-a-list",
+           [{"role": "assistant", "content": "x", "tool_calls": {"id": "c"}}],
+           "body.messages[0].tool_calls"),
+          ("tool-without-tool-call-id", [{"role": "tool", "content": "42"}],
+           "body.messages[0].tool_call_id"),
+          ("tool-call-id-number", [{"role": "tool", "content": "42", "tool_call_id": 7}],
+           "body.messages[0].tool_call_id"),
+          ("second-message-content-number",
+           [{"role": "user", "content": "hi"}, {"role": "assistant", "content": 5}],
+           "body.messages[1].content"),
+      ]],
     pytest.param(with_body(model="m", messages="hi"), "invalid_body", "body.messages",
                  id="messages-string"),
     pytest.param(chat_with(temperature=-0.5), "invalid_body", "body.temperature",
                  id="negative-temperature"),
     pytest.param(chat_with(temperature="warm"), "invalid_body", "body.temperature",
                  id="string-temperature"),
+    *[pytest.param(chat_with(**{key: value}), "invalid_body", f"body.{key}",
+                   id=f"{key}-{value}")
+      for key, value in [("temperature", 2.01), ("temperature", 5), ("presence_penalty", -2.5),
+                         ("presence_penalty", 3), ("frequency_penalty", 2.1),
+                         ("frequency_penalty", "high"), ("top_logprobs", 21),
+                         ("top_logprobs", -1), ("top_logprobs", 1.5), ("seed", 1.5),
+                         ("seed", "7"), ("seed", 2**63)]],
     pytest.param(chat_with(top_p=0), "invalid_body", "body.top_p", id="top-p-0"),
     pytest.param(chat_with(top_p=1.5), "invalid_body", "body.top_p", id="top-p-1.5"),
     pytest.param(chat_with(top_k=-2), "invalid_body", "body.top_k", id="top-k-minus-2"),
@@ -130,13 +173,42 @@ def test_completions_prompts_may_be_text_or_token_lists(tmp_path, line):
 
 
 @pytest.mark.parametrize("fields", [
-    {"top_k": -1}, {"top_k": 0}, {"top_p": 1}, {"temperature": 0}, {"temperature": 2.5},
+    {"top_k": -1}, {"top_k": 0}, {"top_p": 1}, {"temperature": 0}, {"temperature": 2},
     {"max_tokens": 1}, {"n": 1}, {"stream": False}, {"temperature": None},
+    {"presence_penalty": -2}, {"presence_penalty": 2}, {"frequency_penalty": 0.5},
+    {"top_logprobs": 0}, {"top_logprobs": 20}, {"seed": -1}, {"seed": 2**63 - 1},
 ])
 def test_edge_values_of_sampling_parameters_are_accepted(tmp_path, fields):
     report = validate(tmp_path, jsonl([chat_with(**fields)]))
 
     assert report.errors == []
+
+
+@pytest.mark.parametrize("messages", [
+    [{"role": role, "content": "hi"} for role in ("system", "developer", "user")],
+    [{"role": "user", "content": ""}],
+    [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
+                                  {"type": "image_url",
+                                   "image_url": {"url": "data:image/png;base64,AA=="}}]}],
+    [{"role": "user", "content": [{"type": "input_audio",
+                                   "input_audio": {"data": "AA==", "format": "wav"}}]}],
+    [{"role": "user", "content": "weather?"},
+     {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                                           "function": {"name": "w", "arguments": "{}"}}]},
+     {"role": "tool", "tool_call_id": "c1", "content": "sunny"}],
+    [{"role": "assistant", "content": None,
+      "tool_calls": [{"id": "c1", "type": "function",
+                      "function": {"name": "w", "arguments": "{}"}}]}],
+    [{"role": "assistant", "function_call": {"name": "w", "arguments": "{}"}}],
+    [{"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]}],
+    [{"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "42"}]}],
+], ids=["system-developer-user", "empty-string", "text-and-image-parts", "audio-part",
+        "tool-call-round-trip", "assistant-null-content-with-tool-calls",
+        "assistant-function-call", "refusal-part", "tool-text-parts"])
+def test_every_message_shape_openai_takes_is_accepted(tmp_path, messages):
+    report = validate(tmp_path, jsonl([chat_with(messages=messages)]))
+
+    assert (report.errors, report.total) == ([], 1)
 
 
 def test_chat_line_in_a_completions_batch_is_invalid_url(tmp_path):

@@ -156,6 +156,20 @@ def test_status_prints_a_summary(stub, capsys):
     assert "file-in" in out
 
 
+def test_status_of_a_batch_with_more_bad_lines_than_shown_points_to_the_errors_endpoint(
+        stub, capsys):
+    errors = {"object": "list", "total": 10_001, "has_more": True, "data": [
+        {"code": "invalid_json", "message": "bad", "line": n, "param": None}
+        for n in range(1, 101)]}
+    stub.on("GET", "/v1/batches/batch_1", Reply(json=make_batch(status="failed", errors=errors)))
+
+    run(stub, "status", "batch_1")
+
+    out = capsys.readouterr().out
+    shown = out.count("invalid_json: bad")
+    assert f"... and {10_001 - shown} more (GET /v1/batches/batch_1/errors)" in out
+
+
 def test_status_json_prints_the_raw_object(stub, capsys):
     batch = make_batch(status="completed", completed=3, output_file_id="file-out")
     stub.on("GET", "/v1/batches/batch_1", Reply(json=batch))

@@ -197,6 +197,20 @@ def test_create_batch_sends_every_given_option(stub, client):
     }
 
 
+def test_iter_batch_errors_pages_through_every_bad_line(stub, client):
+    def errors(*lines):
+        return [{"code": "invalid_json", "message": "bad", "line": n, "param": None}
+                for n in lines]
+
+    stub.on("GET", "/v1/batches/batch_1/errors",
+            Reply(json={"object": "list", "data": errors(1, 2), "has_more": True, "total": 3}),
+            Reply(json={"object": "list", "data": errors(5), "has_more": False, "total": 3}))
+
+    assert [e["line"] for e in client.iter_batch_errors("batch_1")] == [1, 2, 5]
+    queries = [r.query for r in stub.requests_to("GET", "/v1/batches/batch_1/errors")]
+    assert queries == [{}, {"after": ["2"]}]
+
+
 def test_batch_calls_use_the_contract_paths(stub, client):
     stub.on("GET", "/v1/batches/batch_1", Reply(json=make_batch()))
     stub.on("GET", "/v1/batches", Reply(json={"object": "list", "data": [], "has_more": False}))

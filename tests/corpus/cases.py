@@ -15,6 +15,7 @@ No case may answer 5xx; every refusal is in the OpenAI error envelope.
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,9 +53,11 @@ class Refused:
 
 @dataclass(frozen=True)
 class Answered:
-    """Accepted: a 2xx (a hostile cursor that matches nothing, say)."""
+    """Accepted: a 2xx whose JSON is an object of this kind (a hostile cursor that
+    matches nothing gets a "list", a chunked upload a "file")."""
 
     status: int = 200
+    object: str = "list"
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,28 @@ class Request:
     method: str
     path: str
     expected: Refused | Answered
+
+
+@dataclass(frozen=True)
+class RawHttp:
+    """Bytes sent as they are to a real server (`test_corpus_http.py`): what the web
+    server parses before Django does (request line, headers, chunked framing).
+    `@FILE@` in the body stands for the id of a valid input file."""
+
+    name: str
+    head: str  # the request line and headers, one a line; Host is added
+    expected: Refused | Answered
+    body: Callable[[], bytes] = lambda: b""
+    chunk_size: int | None = None  # sent with Transfer-Encoding: chunked, in such pieces
+
+    def request(self, file_id: str = "") -> bytes:
+        lines = self.head.split("\n")
+        head = "\r\n".join([lines[0], "Host: 127.0.0.1", *lines[1:]]) + "\r\n\r\n"
+        body = self.body().replace(b"@FILE@", file_id.encode())
+        if self.chunk_size:
+            pieces = [body[i:i + self.chunk_size] for i in range(0, len(body), self.chunk_size)]
+            body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+        return head.encode("latin-1") + body
 
 
 def from_file(name: str) -> Callable[[], bytes]:
@@ -232,11 +257,34 @@ INPUT_FILES: list[InputFile] = [
     bad_line_2("messages_empty", "invalid_body", "body.messages"),
     bad_line_2("messages_object_not_list", "invalid_body", "body.messages"),
     bad_line_2("messages_string", "invalid_body", "body.messages"),
-    bad_line_2("message_without_role", "invalid_body", "body.messages[0]"),
-    bad_line_2("message_role_number", "invalid_body", "body.messages[0]"),
-    bad_line_2("message_role_null", "invalid_body", "body.messages[0]"),
+    bad_line_2("message_without_role", "invalid_body", "body.messages[0].role"),
+    bad_line_2("message_role_number", "invalid_body", "body.messages[0].role"),
+    bad_line_2("message_role_null", "invalid_body", "body.messages[0].role"),
     bad_line_2("message_not_an_object", "invalid_body", "body.messages[0]"),
-    bad_line_2("second_message_without_role", "invalid_body", "body.messages[1]"),
+    bad_line_2("second_message_without_role", "invalid_body", "body.messages[1].role"),
+    # A message as OpenAI's chat schema has it: roles system, developer, user, assistant,
+    # tool; content a string or a non-empty list of typed parts.
+    bad_line_2("message_role_wizard", "invalid_body", "body.messages[0].role"),
+    bad_line_2("message_role_function", "invalid_body", "body.messages[0].role"),
+    bad_line_2("message_role_empty", "invalid_body", "body.messages[0].role"),
+    bad_line_2("message_content_number", "invalid_body", "body.messages[0].content"),
+    bad_line_2("message_content_missing", "invalid_body", "body.messages[0].content"),
+    bad_line_2("message_content_null", "invalid_body", "body.messages[0].content"),
+    bad_line_2("message_content_object", "invalid_body", "body.messages[0].content"),
+    bad_line_2("message_content_empty_list", "invalid_body", "body.messages[0].content"),
+    bad_line_2("message_content_part_a_string", "invalid_body", "body.messages[0].content[0]"),
+    bad_line_2("message_content_part_without_type", "invalid_body",
+               "body.messages[0].content[0]"),
+    bad_line_2("message_text_part_without_text", "invalid_body",
+               "body.messages[0].content[0].text"),
+    bad_line_2("assistant_without_content_or_tool_calls", "invalid_body",
+               "body.messages[1].content"),
+    bad_line_2("assistant_tool_calls_not_a_list", "invalid_body", "body.messages[1].tool_calls"),
+    bad_line_2("tool_message_without_tool_call_id", "invalid_body",
+               "body.messages[2].tool_call_id"),
+    bad_line_2("second_message_content_number", "invalid_body", "body.messages[1].content"),
+    accepted("accepted_tool_call_turns", "a", "b"),
+    accepted("accepted_content_parts_and_developer_role", "a", "b"),
     # body.prompt, in a /v1/completions batch.
     bad_line_2("completions_prompt_missing", "invalid_body", "body.prompt",
                endpoint=COMPLETIONS),
@@ -267,6 +315,14 @@ INPUT_FILES: list[InputFile] = [
     bad_line_2("top_p_two", "invalid_body", "body.top_p"),
     bad_line_2("top_k_minus_five", "invalid_body", "body.top_k"),
     bad_line_2("top_k_float", "invalid_body", "body.top_k"),
+    bad_line_2("temperature_five", "invalid_body", "body.temperature"),
+    bad_line_2("temperature_just_over_two", "invalid_body", "body.temperature"),
+    bad_line_2("presence_penalty_three", "invalid_body", "body.presence_penalty"),
+    bad_line_2("frequency_penalty_minus_three", "invalid_body", "body.frequency_penalty"),
+    bad_line_2("top_logprobs_21", "invalid_body", "body.top_logprobs"),
+    bad_line_2("top_logprobs_negative", "invalid_body", "body.top_logprobs"),
+    bad_line_2("seed_float", "invalid_body", "body.seed"),
+    accepted("accepted_sampling_at_the_bounds", "a", "b"),
     bad_line_2("n_two", "invalid_body", "body.n"),
     bad_line_2("stream_true", "invalid_body", "body.stream"),
     bad_line_2("stream_string", "invalid_body", "body.stream"),
@@ -366,6 +422,18 @@ UPLOADS: list[Upload] = [
            Refused(400)),
     Upload("json_instead_of_multipart", _raw(b'{"purpose": "batch"}'),
            Refused(415), content_type="application/json"),
+    # Compressed input: refused by its magic number with a message to decompress it, not
+    # stored to fail validation as a file that is "not valid UTF-8".
+    *[Upload(f"{kind}_compressed", _upload(filename=f"in.jsonl.{ext}", content=pack(GOOD_LINE)),
+             Refused(400, "compressed_file", "file"))
+      for kind, ext, pack in [("gzip", "gz", generated.gzip_of), ("zip", "zip", generated.zip_of),
+                              ("bzip2", "bz2", generated.bzip2_of),
+                              ("xz", "xz", generated.xz_of), ("zstd", "zst", generated.zstd_of)]],
+    Upload("gzip_compressed_named_jsonl", _upload(content=generated.gzip_of(GOOD_LINE)),
+           Refused(400, "compressed_file", "file")),
+    Upload("gzip_of_an_empty_file", _upload(content=generated.gzip_of(b"")),
+           Refused(400, "compressed_file", "file")),
+    Upload("plain_jsonl_named_gz", _upload(filename="in.jsonl.gz"), Stored("in.jsonl.gz")),
 ]
 
 
@@ -434,6 +502,23 @@ CREATES: list[CreateBatch] = [
                 Refused(400, param="metadata")),
     CreateBatch("metadata_priority_not_a_number", _with_file(metadata={"priority": "high"}),
                 Refused(400, param="metadata")),
+    # Metadata values are strings, as OpenAI has them: a number is not kept as "5".
+    CreateBatch("metadata_number_value", _with_file(metadata={"k": 5}),
+                Refused(400, "invalid_type", "metadata.k")),
+    CreateBatch("metadata_float_value", _with_file(metadata={"k": 0.5}),
+                Refused(400, "invalid_type", "metadata.k")),
+    CreateBatch("metadata_bool_value", _with_file(metadata={"k": True}),
+                Refused(400, "invalid_type", "metadata.k")),
+    CreateBatch("metadata_list_value", _with_file(metadata={"k": ["a"]}),
+                Refused(400, "invalid_type", "metadata.k")),
+    CreateBatch("metadata_priority_as_a_number", _with_file(metadata={"priority": 3}),
+                Refused(400, "invalid_type", "metadata.priority")),
+    CreateBatch("metadata_17_keys", _with_file(metadata={f"k{i}": "v" for i in range(17)}),
+                Refused(400, "metadata_too_large", "metadata")),
+    CreateBatch("metadata_key_of_65_characters", _with_file(metadata={"k" * 65: "v"}),
+                Refused(400, "metadata_too_large", "metadata")),
+    CreateBatch("metadata_value_of_513_characters", _with_file(metadata={"k": "v" * 513}),
+                Refused(400, "metadata_too_large", "metadata.k")),
     CreateBatch("max_decoding_length_zero", _with_file(max_decoding_length=0),
                 Refused(400, "min_value", "max_decoding_length")),
     CreateBatch("max_decoding_length_string", _with_file(max_decoding_length="lots"),
@@ -456,8 +541,18 @@ CREATES: list[CreateBatch] = [
     CreateBatch("temperature_overflowing_double",
                 _raw(b'{"input_file_id": "@FILE@", "temperature": 1e999}'),
                 Refused(400, "parse_error")),
-    CreateBatch("top_p_zero", _with_file(top_p=0), Refused(400, param="top_p")),
-    CreateBatch("top_p_two", _with_file(top_p=2), Refused(400, param="top_p")),
+    # The bounds of a request body hold at batch level too (OpenAI's: temperature 0-2).
+    CreateBatch("temperature_three", _with_file(temperature=3),
+                Refused(400, "max_value", "temperature")),
+    CreateBatch("temperature_just_over_two", _with_file(temperature=2.01),
+                Refused(400, "max_value", "temperature")),
+    CreateBatch("temperature_nan_string", _with_file(temperature="NaN"),
+                Refused(400, param="temperature")),
+    CreateBatch("top_k_minus_two", _with_file(top_k=-2), Refused(400, "min_value", "top_k")),
+    CreateBatch("top_p_zero", _with_file(top_p=0), Refused(400, "min_value", "top_p")),
+    CreateBatch("top_p_two", _with_file(top_p=2), Refused(400, "max_value", "top_p")),
+    CreateBatch("top_p_just_over_one", _with_file(top_p=1.01),
+                Refused(400, "max_value", "top_p")),
     CreateBatch("form_encoded_body", _raw(b"input_file_id=@FILE@"), Refused(415),
                 content_type="application/x-www-form-urlencoded"),
     CreateBatch("multipart_body", lambda: multipart(fields={"input_file_id": "@FILE@"}),
@@ -492,6 +587,7 @@ ENDPOINTS = [
     ("GET", "/v1/batches/{id}", "not_found", "batch_id"),
     ("POST", "/v1/batches/{id}/cancel", "not_found", "batch_id"),
     ("GET", "/v1/batches/{id}/output", "not_found", "batch_id"),
+    ("GET", "/v1/batches/{id}/errors", "not_found", "batch_id"),
     ("GET", "/v1/models/{id}", "model_not_found", "model"),
 ]
 
@@ -510,12 +606,24 @@ def _id_request(method: str, template: str, code: str, param: str, name: str,
                    template.replace("{id}", raw_id), expected)
 
 
+STALE_CURSOR = Refused(400, "invalid_cursor", "after")
+# The output of a @BATCH_WITH_OUTPUT@: two whole lines.
+OUTPUT_LINES = b'{"custom_id": "a1"}\n{"custom_id": "a22"}\n'
+
 REQUESTS: list[Request] = [
     _id_request(method, template, code, param, name, raw_id)
     for method, template, code, param in ENDPOINTS
     for name, raw_id in HOSTILE_IDS
 ] + [
-    Request("files_after_sql", "GET", "/v1/files?after=%27%20OR%201%3D1--", Answered()),
+    # A cursor that names no object is refused, never answered with the first page.
+    Request("files_after_sql", "GET", "/v1/files?after=%27%20OR%201%3D1--", STALE_CURSOR),
+    Request("files_after_unknown_id", "GET", "/v1/files?after=file-zzz", STALE_CURSOR),
+    Request("files_after_an_id_from_the_future", "GET",
+            "/v1/files?after=file-ffffffffffffff0000000000", STALE_CURSOR),
+    Request("files_after_a_batch_id", "GET", "/v1/files?after=batch_066188dde2cbcc4ad1538b7c",
+            STALE_CURSOR),
+    Request("files_after_a_past_file_id", "GET",  # a deleted file's place: answered
+            "/v1/files?after=file-066188dde2cbcc4ad1538b7c", Answered()),
     Request("files_after_nul", "GET", "/v1/files?after=a%00", Refused(400, param="after")),
     Request("files_after_too_long", "GET", "/v1/files?after=" + "a" * 100,
             Refused(400, "max_length", "after")),
@@ -523,14 +631,165 @@ REQUESTS: list[Request] = [
             Refused(400, param="limit")),
     Request("files_limit_negative", "GET", "/v1/files?limit=-1", Refused(400, param="limit")),
     Request("files_order_sql", "GET", "/v1/files?order=id%3B--", Refused(400, param="order")),
-    Request("batches_after_sql", "GET", "/v1/batches?after=%27%20OR%201%3D1--", Answered()),
+    Request("batches_after_sql", "GET", "/v1/batches?after=%27%20OR%201%3D1--", STALE_CURSOR),
+    Request("batches_after_unknown_id", "GET", "/v1/batches?after=batch_unknown", STALE_CURSOR),
+    Request("batches_after_an_id_of_no_batch", "GET",
+            "/v1/batches?after=batch_066188dde2cbcc4ad1538b7c", STALE_CURSOR),
     Request("batches_after_nul", "GET", "/v1/batches?after=%00", Refused(400, param="after")),
     Request("batches_limit_float", "GET", "/v1/batches?limit=2.5", Refused(400,
                                                                             param="limit")),
+    Request("errors_limit_zero", "GET", "/v1/batches/@BATCH@/errors?limit=0",
+            Refused(400, "min_value", "limit")),
+    Request("errors_limit_over_the_kept_errors", "GET",
+            "/v1/batches/@BATCH@/errors?limit=10001", Refused(400, "max_value", "limit")),
+    Request("errors_after_a_negative_line", "GET", "/v1/batches/@BATCH@/errors?after=-1",
+            Refused(400, "min_value", "after")),
+    Request("errors_after_not_a_line_number", "GET",
+            "/v1/batches/@BATCH@/errors?after=batch_x", Refused(400, None, "after")),
+    Request("errors_after_sql", "GET", "/v1/batches/@BATCH@/errors?after=1%20OR%201%3D1",
+            Refused(400, param="after")),
+    Request("errors_of_a_batch_without_bad_lines", "GET", "/v1/batches/@BATCH@/errors",
+            Answered()),
+    # Offsets must start a line of the output (OUTPUT_LINES: lines of 20 and 21 bytes).
+    Request("output_offset_inside_the_first_line", "GET",
+            "/v1/batches/@BATCH_WITH_OUTPUT@/output?offset=5",
+            Refused(400, "offset_not_at_line_start", "offset")),
+    Request("output_offset_on_the_last_byte_of_a_line", "GET",
+            "/v1/batches/@BATCH_WITH_OUTPUT@/output?offset=19",
+            Refused(400, "offset_not_at_line_start", "offset")),
+    Request("output_offset_inside_the_last_line", "GET",
+            "/v1/batches/@BATCH_WITH_OUTPUT@/output?offset=30",
+            Refused(400, "offset_not_at_line_start", "offset")),
+    Request("output_offset_past_the_whole_lines", "GET",
+            "/v1/batches/@BATCH_WITH_OUTPUT@/output?offset=42", Refused(400, param="offset")),
     Request("output_offset_negative", "GET", "/v1/batches/@BATCH@/output?offset=-1",
             Refused(400, param="offset")),
     Request("output_offset_huge", "GET", "/v1/batches/@BATCH@/output?offset=" + "9" * 40,
             Refused(400, param="offset")),
 ]
 
+
+
+# --- raw HTTP, as the web server reads it -----------------------------------------------------
+
+
+_UPLOAD_HEAD = f"POST /v1/files HTTP/1.1\nContent-Type: {MULTIPART}"
+_CREATE_HEAD = "POST /v1/batches HTTP/1.1\nContent-Type: application/json"
+_CHUNKED = "\nTransfer-Encoding: chunked"
+
+
+def _upload_of(content: bytes) -> Callable[[], bytes]:
+    return lambda: multipart(fields={"purpose": "batch"}, files=[("file", "in.jsonl", content)])
+
+
+RAW_HTTP: list[RawHttp] = [
+    # gunicorn's own refusals, in the envelope (they were gunicorn's HTML pages).
+    RawHttp("url_of_10000_characters", f"GET /v1/files/{'i' * 10_000} HTTP/1.1",
+            Refused(414, "uri_too_long")),
+    RawHttp("request_line_garbage", "HELLO", Refused(400, "bad_request")),
+    RawHttp("request_line_without_version", "GET /health", Refused(400, "bad_request")),
+    RawHttp("http_version_9", "GET /health HTTP/9.9", Refused(400, "bad_request")),
+    RawHttp("method_lowercase", "get /health HTTP/1.1", Refused(400, "bad_request")),
+    RawHttp("header_of_9000_bytes", f"GET /health HTTP/1.1\nX-Big: {'b' * 9000}",
+            Refused(431, "headers_too_large")),
+    RawHttp("header_fields_101", "GET /health HTTP/1.1\n" + "\n".join(
+        f"X-H{i}: v" for i in range(101)), Refused(431, "headers_too_large")),
+    RawHttp("header_name_with_a_space", "GET /health HTTP/1.1\nBad Name: v",
+            Refused(400, "bad_request")),
+    # gunicorn answered nothing at all to this one (its access log raised).
+    RawHttp("content_length_not_a_number", f"{_CREATE_HEAD}\nContent-Length: ten",
+            Refused(400, "bad_request")),
+    RawHttp("content_length_and_chunked", f"{_CREATE_HEAD}\nContent-Length: 5{_CHUNKED}",
+            Refused(400, "bad_request"), _raw(b"{}"), chunk_size=100),
+    RawHttp("transfer_encoding_unknown", f"{_CREATE_HEAD}\nTransfer-Encoding: foo, chunked",
+            Refused(501, "not_implemented"), _raw(b"{}"), chunk_size=100),
+    # gunicorn passes gzip on, compressed; Django read it as garbage.
+    RawHttp("transfer_encoding_gzip", f"{_CREATE_HEAD}\nTransfer-Encoding: gzip, chunked",
+            Refused(501, "not_implemented"), lambda: gzip.compress(b"{}"), chunk_size=100),
+    # Chunked bodies: read like any other, within the same limits (they were read as
+    # empty: "No file was submitted", "input_file_id: This field is required").
+    RawHttp("chunked_upload", _UPLOAD_HEAD + _CHUNKED, Answered(200, "file"),
+            _upload_of(GOOD_LINE), chunk_size=100),
+    RawHttp("chunked_batch_create", _CREATE_HEAD + _CHUNKED, Answered(200, "batch"),
+            _with_file(endpoint=CHAT), chunk_size=10),
+    RawHttp("chunked_batch_create_without_a_file", _CREATE_HEAD + _CHUNKED,
+            Refused(400, "required", "input_file_id"), _json({"endpoint": CHAT}),
+            chunk_size=10),
+    RawHttp("chunked_upload_without_a_file", _UPLOAD_HEAD + _CHUNKED,
+            Refused(400, "required", "file"), lambda: multipart(fields={"purpose": "batch"}),
+            chunk_size=100),
+    RawHttp("chunked_json_over_the_body_limit", _CREATE_HEAD + _CHUNKED,
+            Refused(413, "request_too_large"),
+            _json({"input_file_id": "@FILE@", "metadata": {"k": "v" * (2 * MiB + 1)}}),
+            chunk_size=64 * 1024),
+    # The runner's server allows uploads of RAW_HTTP_MAX_UPLOAD_BYTES.
+    RawHttp("chunked_upload_over_the_upload_limit", _UPLOAD_HEAD + _CHUNKED,
+            Refused(413, "file_too_large", "file"),
+            _upload_of(GOOD_LINE * (MiB // len(GOOD_LINE) + 1000)), chunk_size=64 * 1024),
+    RawHttp("chunked_bad_chunk_size", _CREATE_HEAD + _CHUNKED, Refused(400, "parse_error"),
+            _raw(b"zz\r\n{}\r\n0\r\n\r\n")),
+    RawHttp("chunked_upload_with_a_bad_chunk_size", _UPLOAD_HEAD + _CHUNKED,
+            Refused(400, "parse_error"),
+            lambda: b"64\r\n" + _upload_of(GOOD_LINE)()[:100] + b"\r\nzz\r\nxx\r\n0\r\n\r\n"),
+]
+RAW_HTTP_MAX_UPLOAD_BYTES = MiB
+
 ALL_CASES = [*INPUT_FILES, *UPLOADS, *CREATES, *REQUESTS]
+
+
+# --- races: two mutating calls on one object at the same moment -----------------------------
+
+
+@dataclass(frozen=True)
+class Call:
+    """An API call; `@FILE@` and `@BATCH@` stand for the race's file and batch."""
+
+    method: str
+    path: str
+    body: dict | None = None
+
+
+@dataclass(frozen=True)
+class Race:
+    """Two calls sent at once on threads of their own, `trials` times, each time on a
+    fresh `subject`: a good input `file`, a `validating` batch or a `running` one (with
+    its file). The two answers, as (status, error code or None), must be one of
+    `outcomes`: one call wins, the other gets a clear 4xx, never a 5xx."""
+
+    name: str
+    subject: str
+    calls: tuple[Call, Call]
+    outcomes: frozenset[tuple[tuple[int, str | None], tuple[int, str | None]]]
+    trials: int = 10
+
+
+OK = (200, None)
+
+
+def either_wins(winner_a: tuple, loser_b: tuple, winner_b: tuple, loser_a: tuple) -> frozenset:
+    return frozenset({(winner_a, loser_b), (loser_a, winner_b)})
+
+
+CREATE = Call("POST", "/v1/batches", {"input_file_id": "@FILE@"})
+DELETE_FILE = Call("DELETE", "/v1/files/@FILE@")
+CANCEL = Call("POST", "/v1/batches/@BATCH@/cancel")
+NOT_CANCELLABLE = (400, "batch_not_cancellable")
+
+RACES: list[Race] = [
+    Race("create_a_batch_and_delete_its_file", "file", (CREATE, DELETE_FILE),
+         either_wins(OK, (400, "file_in_use"), OK, (400, "invalid_input_file")), trials=20),
+    Race("create_two_batches_on_one_file", "file", (CREATE, CREATE),
+         either_wins(OK, (400, "duplicate_batch"), OK, (400, "duplicate_batch"))),
+    Race("delete_one_file_twice", "file", (DELETE_FILE, DELETE_FILE),
+         either_wins(OK, (404, "not_found"), OK, (404, "not_found"))),
+    Race("cancel_a_validating_batch_twice", "validating", (CANCEL, CANCEL),
+         either_wins(OK, NOT_CANCELLABLE, OK, NOT_CANCELLABLE)),
+    # The second cancel sees the first under way (200) or done (400).
+    Race("cancel_a_running_batch_twice", "running", (CANCEL, CANCEL),
+         frozenset({(OK, OK), (OK, NOT_CANCELLABLE), (NOT_CANCELLABLE, OK)})),
+    # The file is free once the batch is cancelled, not before.
+    Race("cancel_a_running_batch_and_delete_its_file", "running", (CANCEL, DELETE_FILE),
+         frozenset({(OK, OK), (OK, (400, "file_in_use"))})),
+    Race("cancel_a_validating_batch_and_create_another_on_its_file", "validating",
+         (CANCEL, CREATE), frozenset({(OK, OK), (OK, (400, "duplicate_batch"))})),
+]

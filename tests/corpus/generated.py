@@ -69,3 +69,38 @@ def ten_thousand_bad_lines() -> bytes:
 def json_body_nested(depth: int) -> bytes:
     """A batch-create body nested `depth` levels deep."""
     return b'{"input_file_id": "file-x", "metadata": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+# --- compressed uploads: a good JSON Lines file packed by each common tool --------------
+
+
+def gzip_of(content: bytes) -> bytes:
+    import gzip
+    return gzip.compress(content)
+
+
+def zip_of(content: bytes) -> bytes:
+    import io
+    import zipfile
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("input.jsonl", content)
+    return buffer.getvalue()
+
+
+def bzip2_of(content: bytes) -> bytes:
+    import bz2
+    return bz2.compress(content)
+
+
+def xz_of(content: bytes) -> bytes:
+    import lzma
+    return lzma.compress(content)
+
+
+def zstd_of(content: bytes) -> bytes:
+    """A zstd frame holding `content` in one raw (stored) block: the standard library
+    has no zstd compressor before Python 3.14, and the magic number is what counts."""
+    assert len(content) < 1024  # within the 1 KiB window the descriptor below declares
+    block_header = (1 | len(content) << 3).to_bytes(3, "little")  # last block, raw
+    return b"\x28\xb5\x2f\xfd" + b"\x00\x00" + block_header + content

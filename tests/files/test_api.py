@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import hashlib
 import json
+import lzma
 from io import BytesIO
 
 import pytest
 from django.http import UnreadablePostError
 
+from batchgen_site.errors import BatchGenError
 from files.models import File, FilePurpose
 from files.services import file_register_output
+from files.upload import StreamingUploadHandler
 from tests.conftest import chat_line, jsonl
 from tests.files.helpers import MULTIPART, DroppingInput, multipart
 
@@ -137,6 +142,44 @@ def test_upload_of_an_empty_file_is_400(api, storage):
     assert_envelope(response, 400, param="file", code="empty_file")
     assert File.objects.count() == 0
     assert leftovers(storage) == []
+
+
+@pytest.mark.parametrize("pack, kind, unpack", [
+    (gzip.compress, "gzip", "gunzip"), (bz2.compress, "bzip2", "bunzip2"),
+    (lzma.compress, "xz", "unxz"),
+], ids=["gzip", "bzip2", "xz"])
+def test_compressed_upload_is_400_saying_what_it_is_and_to_decompress_it(
+        api, storage, pack, kind, unpack):
+    response = post_raw(api, multipart(fields={"purpose": "batch"},
+                                       files=[("file", "in.jsonl.gz", pack(CONTENT))]))
+
+    error = assert_envelope(response, 400, param="file", code="compressed_file")
+    assert f"{kind}-compressed" in error["message"]
+    assert f"Decompress it first (for example with `{unpack}`)" in error["message"]
+    assert File.objects.count() == 0
+    assert leftovers(storage) == []
+
+
+def test_compressed_upload_is_refused_at_its_first_bytes_before_the_rest_is_read(storage):
+    """The check runs as the bytes stream in, even when the magic number arrives split
+    over two pieces, so a 10 GB archive is not written to disk first."""
+    handler = StreamingUploadHandler()
+    handler.new_file("file", "in.jsonl.zip", "application/zip", None)
+    handler.receive_data_chunk(b"P", 0)
+
+    with pytest.raises(BatchGenError) as refused:
+        handler.receive_data_chunk(b"K\x03\x04" + b"\x00" * 1024, 1)
+
+    assert refused.value.code == "compressed_file"
+    assert handler.file.tell() == 1  # the rest was never written
+    handler.discard()
+    assert leftovers(storage) == []
+
+
+def test_upload_of_text_that_merely_starts_like_a_magic_number_is_stored(upload):
+    # "PK" and "BZh" open plenty of text; only the full magic number refuses a file.
+    for content in (b"PK is not a zip\n", b"BZh, not bzip2\n"):
+        assert upload(content)["bytes"] == len(content)
 
 
 def test_upload_declaring_more_than_the_limit_is_413_before_reading(api, storage, settings):
@@ -292,6 +335,30 @@ def test_list_pages_with_limit_and_after_in_both_orders(api, three_uploads):
                                       "after": three_uploads[0]}).json()
     assert [f["id"] for f in ascending["data"]] == three_uploads[1:]
     assert ascending["has_more"] is False
+
+
+@pytest.mark.parametrize("order", ["desc", "asc"])
+def test_list_after_a_file_deleted_since_goes_on_from_where_it_was(api, three_uploads, order):
+    # Listing and deleting page by page: the cursor's file is gone by the next page.
+    first = api.get("/v1/files", {"limit": 1, "order": order}).json()
+    assert api.delete(f"/v1/files/{first['last_id']}").status_code == 200
+
+    rest = api.get("/v1/files", {"after": first["last_id"], "order": order}).json()
+
+    expected = three_uploads[1::-1] if order == "desc" else three_uploads[1:]
+    assert [f["id"] for f in rest["data"]] == expected
+
+
+@pytest.mark.parametrize("after", [
+    "file-unknown",  # sorts after every id: the first page, before the fix
+    "file-ffffffffffffff0000000000",  # shaped like an id, issued in the far future
+    "batch_066188dde2cbcc4ad1538b7c",  # a batch's id
+])
+def test_list_after_an_id_of_no_file_is_400_not_the_first_page(api, three_uploads, after):
+    error = assert_envelope(api.get("/v1/files", {"after": after}), 400, param="after",
+                            code="invalid_cursor")
+
+    assert after in error["message"]
 
 
 def test_list_filters_by_purpose(api, upload):

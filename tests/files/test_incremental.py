@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from files import incremental
-from files.incremental import append_lines, locked, repair_tail, scan_results
+from files.incremental import append_lines, enclosing_line, locked, repair_tail, scan_results
 
 
 def result_line(custom_id: str, *, error: bool = False, pad: int = 0) -> bytes:
@@ -312,3 +312,14 @@ def test_scan_of_a_missing_file_or_no_ids_finds_nothing(path):
     assert scan_results(path, {"a"}) == {}
     append_lines(path, [result_line("a")])
     assert scan_results(path, set()) == {}
+
+
+def test_enclosing_line_is_none_at_a_line_start_and_the_line_around_any_other_offset(tmp_path):
+    path = tmp_path / "out.jsonl"
+    long_line = b"x" * (3 * 64 * 1024) + b"\n"  # longer than a read block both ways
+    path.write_bytes(b"a\n" + long_line + b"torn")
+
+    assert [enclosing_line(path, at) for at in (0, 2, 2 + len(long_line))] == [None] * 3
+    assert enclosing_line(path, 1) == (0, 2)
+    assert enclosing_line(path, 100_000) == (2, 2 + len(long_line))
+    assert enclosing_line(path, 2 + len(long_line) + 2) == (2 + len(long_line), path.stat().st_size)

@@ -40,6 +40,7 @@ def test_chunks_run_to_a_completed_batch(runtime_factory, batch_in_progress):
     assert set(Chunk.objects.filter(batch=batch).values_list("status", flat=True)) == {"done"}
     assert intake_reserved() == 0 and batch.intake_reserved == 0
     assert runtime.slots.active == 0
+    assert chunk.lease_expires_at is None
 
 
 def test_redelivered_chunk_skips_what_was_written_and_counts_it_once(
@@ -144,7 +145,10 @@ def _wait(predicate, timeout: float = 30.0) -> None:
         deadline -= 0.02
 
 
-def test_a_stopping_worker_hands_its_chunk_back(runtime_factory, batch_in_progress, published):
+def test_a_draining_worker_hands_its_chunk_back_at_once(runtime_factory, batch_in_progress,
+                                                        published):
+    """SIGTERM (Celery's warm shutdown) drains the runtime: the chunk goes back to the
+    queue now, with what was written accounted, not after its lease runs out."""
     runtime = runtime_factory(capacity=2, latency_ms=200)
     batch = batch_in_progress(10, chunk_size=10)
     chunk = Chunk.objects.get(batch=batch)
@@ -154,7 +158,7 @@ def test_a_stopping_worker_hands_its_chunk_back(runtime_factory, batch_in_progre
     path = storage.absolute(storage.incremental_name(batch.id))
     _wait(lambda: path.exists() and len(path.read_bytes().splitlines()) >= 2)
 
-    runtime._stopping.set()
+    runtime.drain()
     thread.join(timeout=60)
 
     chunk.refresh_from_db()

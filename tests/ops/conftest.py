@@ -9,11 +9,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from batches import services
+from batches import chunks, services
 from batches.models import Batch, Chunk, ChunkStatus
 from files import storage
 from files.incremental import append_lines
-from inference import services as worker_services
 from inference.models import Worker
 from tests.conftest import chat_line, jsonl
 
@@ -67,7 +66,7 @@ def run_chunk(django_capture_on_commit_callbacks):
              close: bool = True) -> Chunk:
         Chunk.objects.filter(id=chunk.id, status=ChunkStatus.PENDING).update(
             status=ChunkStatus.QUEUED)  # as the dispatcher does
-        work = worker_services.chunk_claim(chunk_id=chunk.id, worker=worker)
+        work = chunks.chunk_claim(chunk_id=chunk.id, worker=worker)
         assert work is not None
         count = chunk.count if completed is None else completed
         first = chunk.first_line - 1
@@ -75,13 +74,11 @@ def run_chunk(django_capture_on_commit_callbacks):
         append_lines(path, [result_line(f"req-{first + i}") for i in range(count)])
         with django_capture_on_commit_callbacks(execute=True):
             if close:
-                worker_services.chunk_close(chunk_id=chunk.id, worker=worker, completed=count,
-                                            failed=0)
+                chunks.chunks_flush(worker=worker, closing={chunk.id: (count, 0)})
                 # What the finalize task (recorded, not run) does after the last chunk.
                 services.batch_finalize(batch_id=chunk.batch_id)
             else:
-                worker_services.chunk_progress(chunk_id=chunk.id, worker=worker,
-                                               completed=count, failed=0)
+                chunks.chunks_flush(worker=worker, progress={chunk.id: (count, 0)})
         chunk.refresh_from_db()
         return chunk
 

@@ -20,7 +20,7 @@ from tests.ops.conftest import chunks_of, result_line
 pytestmark = pytest.mark.django_db
 
 COMMANDS = {
-    "pool_status": "batches", "recover": "batches", "expire_batches": "batches",
+    "pool_status": "inference", "recover": "batches", "expire_batches": "batches",
     "cancel_batch": "batches", "purge_files": "files",
 }
 
@@ -113,7 +113,8 @@ def test_recover_twice_changes_nothing_the_second_time(make_batch, run_chunk, wo
 
     assert "1 chunk(s) requeued" in first
     assert second.strip() == ("recovery: 0 chunk(s) requeued, 0 validation(s) restarted, "
-                              "0 batch(es) finalized, 0 torn line(s) repaired")
+                              "0 failed for good, 0 batch(es) finalized, "
+                              "0 torn line(s) repaired")
 
 
 # --- expire_batches -----------------------------------------------------------------------

@@ -39,6 +39,8 @@ def test_every_part_of_the_deployment_is_a_service(services):
     assert services["postgres"]["image"].startswith("postgres:")
     assert services["rabbitmq"]["image"].startswith("rabbitmq:")
     assert "gunicorn batchgen_site.wsgi:application" in command(services["web"])
+    # The same worker, with its limits for slow clients, as `manage.py serve`'s.
+    assert "--config python:batchgen_site.gunicorn_conf" in command(services["web"])
     control = command(services["control"])
     assert "-Q control" in control and " -B " in f"{control} "
     assert "-Q inference" not in control

@@ -20,12 +20,13 @@ def logged():
     logger.access_log.addHandler(_Collect(lines))
     logger._access_log_enabled = True
 
-    def request(method: str, path: str, status: int) -> bool:
+    def request(method: str, path: str, status: int, *, from_gunicorn: bool = False) -> bool:
         before = len(lines)
         req = SimpleNamespace(method=method, path=path, query="", version=(1, 1),
                               headers=[])
-        resp = SimpleNamespace(status=f"{status} X", status_code=status, headers=[],
-                               response_length=10, sent=10)
+        resp = SimpleNamespace(status=f"{status} X", headers=[], response_length=10, sent=10)
+        if not from_gunicorn:  # gunicorn's own error answers have no status_code
+            resp.status_code = status
         environ = {"REQUEST_METHOD": method, "RAW_URI": path, "PATH_INFO": path,
                    "QUERY_STRING": "", "SERVER_PROTOCOL": "HTTP/1.1",
                    "REMOTE_ADDR": "127.0.0.1"}
@@ -76,3 +77,9 @@ def test_successful_polls_are_not_logged(logged, method, path, status):
 ])
 def test_everything_else_is_logged(logged, method, path, status):
     assert logged(method, path, status)
+
+
+def test_gunicorn_refusal_of_a_malformed_request_is_logged(logged):
+    # An invalid Content-Length: gunicorn answers 400 itself, and logs it first (the
+    # logger raised on it, so the client got no answer).
+    assert logged("POST", "/v1/batches", 400, from_gunicorn=True)

@@ -105,6 +105,20 @@ def test_openapi_json_is_valid_json_describing_every_endpoint(api):
     assert "delete" in schema["paths"]["/v1/files/{file_id}"]
 
 
+def test_openapi_describes_the_line_errors_endpoint_and_the_errors_total(api):
+    schema = json.loads(api.get("/v1/openapi.json").content)
+    components = schema["components"]["schemas"]
+
+    operation = schema["paths"]["/v1/batches/{batch_id}/errors"]["get"]
+
+    assert {p["name"] for p in operation["parameters"]} >= {"batch_id", "limit", "after"}
+    page = operation["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+    assert set(components[page.rsplit("/", 1)[-1]]["properties"]) == {
+        "object", "data", "has_more", "total"}
+    assert {"400", "404"} <= set(operation["responses"])
+    assert {"total", "has_more"} <= set(components["BatchErrors"]["properties"])
+
+
 def test_openapi_types_timestamps_as_integers(api):
     schema = json.loads(api.get("/v1/openapi.json").content)
     components = schema["components"]["schemas"]

@@ -8,7 +8,7 @@ names the limit and the setting that raises it; at the limit is accepted.
 | requests per batch            | BATCHGEN_MAX_REQUESTS_PER_BATCH    | too_many_requests    |
 | metadata keys                 | BATCHGEN_MAX_METADATA_KEYS         | 400 metadata         |
 | metadata key length           | BATCHGEN_MAX_METADATA_KEY_CHARS    | 400 metadata         |
-| metadata value length         | BATCHGEN_MAX_METADATA_VALUE_CHARS  | 400 metadata         |
+| metadata value length         | BATCHGEN_MAX_METADATA_VALUE_CHARS  | 400 metadata.<key>   |
 | request body (JSON, fields)   | BATCHGEN_MAX_REQUEST_BODY_BYTES    | 413 request_too_large|
 """
 
@@ -134,19 +134,20 @@ def input_file_id(upload) -> str:
     return upload(jsonl([chat_line("a")]))["id"]
 
 
-@pytest.mark.parametrize("setting, limit, over, at", [
-    ("BATCHGEN_MAX_METADATA_KEYS", 2, {"a": "1", "b": "2", "c": "3"}, {"a": "1", "b": "2"}),
-    ("BATCHGEN_MAX_METADATA_KEY_CHARS", 4, {"abcde": "v"}, {"abcd": "v"}),
-    ("BATCHGEN_MAX_METADATA_VALUE_CHARS", 5, {"k": "v" * 6}, {"k": "v" * 5}),
+@pytest.mark.parametrize("setting, limit, over, at, param", [
+    ("BATCHGEN_MAX_METADATA_KEYS", 2, {"a": "1", "b": "2", "c": "3"}, {"a": "1", "b": "2"},
+     "metadata"),
+    ("BATCHGEN_MAX_METADATA_KEY_CHARS", 4, {"abcde": "v"}, {"abcd": "v"}, "metadata"),
+    ("BATCHGEN_MAX_METADATA_VALUE_CHARS", 5, {"k": "v" * 6}, {"k": "v" * 5}, "metadata.k"),
 ], ids=["keys", "key-chars", "value-chars"])
 def test_metadata_over_each_limit_is_400_naming_it_and_at_the_limit_is_kept(
-        api, input_file_id, settings, published, setting, limit, over, at):
+        api, input_file_id, settings, published, setting, limit, over, at, param):
     setattr(settings, setting, limit)
 
     refused = create(api, input_file_id=input_file_id, metadata=over)
     accepted = create(api, input_file_id=input_file_id, metadata=at)
 
-    error = assert_envelope(refused, 400, param="metadata", code="metadata_too_large")
+    error = assert_envelope(refused, 400, param=param, code="metadata_too_large")
     assert names_limit(error["message"], limit, setting)
     assert accepted.status_code == 200, accepted.content
     assert accepted.json()["metadata"] == at

@@ -42,7 +42,7 @@ from tests.conftest import chat_line, jsonl
 pytestmark = pytest.mark.django_db
 
 # Generated requests per operation in the fuzzing phase (the examples and coverage
-# phases add their own, a few dozen at most): the 14 operations take about 10 s on
+# phases add their own, a few dozen at most): the 15 operations take about 10 s on
 # two cores, well inside a minute when the machine is loaded. The fixed seed makes a
 # failure replay.
 MAX_EXAMPLES = 40

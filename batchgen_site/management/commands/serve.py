@@ -134,8 +134,9 @@ class Command(BaseCommand):
         programs.append(Program("web", [
             python, "-m", "gunicorn", "batchgen_site.wsgi:application",
             "--bind", f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}",
-            "--worker-class", "gthread", "--workers", str(options["web_workers"]),
-            "--threads", str(options["web_threads"]),
+            # The worker class and its limits for slow clients: batchgen_site/gunicorn_conf.py.
+            "--config", "python:batchgen_site.gunicorn_conf",
+            "--workers", str(options["web_workers"]), "--threads", str(options["web_threads"]),
             # Uploads of many GiB stream for minutes; gthread keeps heartbeating.
             "--timeout", "120", "--graceful-timeout", "30",
             *ACCESS_LOG_MODES[options["access_log"]],
