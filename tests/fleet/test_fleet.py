@@ -11,10 +11,10 @@ run reports every one that does not hold."""
 
 from __future__ import annotations
 
-import collections
 import signal
 import time
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 import psutil
 
@@ -81,27 +81,14 @@ def test_four_workers_survive_kill_stop_and_join_with_exactly_once_output(
     killed.send_signal(signal.SIGKILL)
     psutil.wait_procs([killed], timeout=10)
 
-    # When: another is stopped with SIGTERM while it runs chunks
+    # When: another is stopped with SIGTERM while it runs chunks, and a fifth worker
+    # joins mid-batch
     completed_of(large["id"], LARGE // 5)
-    stopped = one_worker(server, 2)
-    held = wait_until(lambda: running_chunks(database_url, stopped.pid), timeout=60,
-                      interval=0.1, message="inference2 running chunks")
-    stopped_at = datetime.now(UTC)
-    stopped.send_signal(signal.SIGTERM)
-    handed_back = wait_for(lambda: chunks_held(database_url, stopped.pid) == 0,
-                           timeout=HAND_BACK_SECONDS)
-    if not handed_back:
-        problems.append(f"inference2 still held {chunks_held(database_url, stopped.pid)} "
-                        f"running chunk(s) {HAND_BACK_SECONDS} s after SIGTERM")
-
-    # When: a fifth worker joins mid-batch
-    joined_at = time.monotonic()
-    joining = fleet.add_worker("inference5")
-    took = wait_for(lambda: chunks_held(database_url, joining.process.pid) > 0,
-                    timeout=JOIN_SECONDS, interval=0.1)
-    if not took:
+    stopped = stop_with_sigterm(server, database_url, number=2)
+    problems.extend(stopped.problems_handing_back(database_url))
+    joining, join_seconds = join(fleet, database_url, "inference5")
+    if joining is None:
         problems.append(f"the joining worker ran no chunk within {JOIN_SECONDS} s")
-    join_seconds = round(time.monotonic() - joined_at, 1)
 
     # Then: every batch ends, each custom_id once
     done = api.wait_status(large["id"], FINISHED, timeout=300)
@@ -114,10 +101,7 @@ def test_four_workers_survive_kill_stop_and_join_with_exactly_once_output(
         assert len(ids) == len(set(ids)) and set(ids) <= request_ids(CANCELLED, "cancel")
 
     # Then: the stopped worker ran none of its chunks on to the end after SIGTERM
-    ran_on = stopped_worker_closed_after(database_url, stopped.pid, held, stopped_at)
-    if ran_on:
-        problems.append(f"inference2 kept running {len(ran_on)} of its {len(held)} chunks "
-                        f"to the end after SIGTERM instead of handing them back: {ran_on}")
+    problems.extend(stopped.problems_running_on(database_url))
     problems.extend(f"5xx: {e}" for e in api.server_errors)
     problems.extend(error_lines(fleet.logs, expected_exits=[killed.pid, stopped.pid]))
     assert problems == [], (f"{len(problems)} problem(s) (joining worker's first chunk after "
@@ -132,21 +116,57 @@ def wait_for(predicate, *, timeout: float, interval: float = 0.25) -> bool:
     return True
 
 
+@dataclass
+class Stopped:
+    """A worker stopped with SIGTERM: the chunks it ran at that moment, and when."""
+
+    pid: int
+    held: list[int]
+    at: datetime
+    handed_back: bool
+
+    def problems_handing_back(self, database_url: str) -> list[str]:
+        if self.handed_back:
+            return []
+        return [f"the stopped worker still held {chunks_held(database_url, self.pid)} "
+                f"running chunk(s) {HAND_BACK_SECONDS} s after SIGTERM"]
+
+    def problems_running_on(self, database_url: str, grace: float = 1.0) -> list[str]:
+        """Its chunks it closed itself more than `grace` s after SIGTERM (a chunk whose
+        last result was in flight as the signal came may close at once)."""
+        rows = pg_query(database_url,
+                        "SELECT id, status, finished_at FROM batches_chunk WHERE id = ANY(%s) "
+                        "AND worker LIKE %s AND finished_at > %s ORDER BY id",
+                        (self.held, f"%:{self.pid}:%", self.at + timedelta(seconds=grace)))
+        if not rows:
+            return []
+        late = {chunk_id: f"{status} at +{(finished - self.at).total_seconds():.1f} s"
+                for chunk_id, status, finished in rows}
+        return [f"the stopped worker kept running {len(late)} of its {len(self.held)} "
+                f"chunks to the end after SIGTERM instead of handing them back: {late}"]
+
+
+def stop_with_sigterm(server, database_url: str, *, number: int) -> Stopped:
+    worker = one_worker(server, number)
+    held = wait_until(lambda: running_chunks(database_url, worker.pid), timeout=60,
+                      interval=0.1, message=f"inference{number} running chunks")
+    at = datetime.now(UTC)
+    worker.send_signal(signal.SIGTERM)
+    handed_back = wait_for(lambda: chunks_held(database_url, worker.pid) == 0,
+                           timeout=HAND_BACK_SECONDS)
+    return Stopped(pid=worker.pid, held=held, at=at, handed_back=handed_back)
+
+
+def join(fleet, database_url: str, name: str):
+    """Start one more worker; it and the seconds it took to run a chunk, or None."""
+    started = time.monotonic()
+    worker = fleet.add_worker(name)
+    took = wait_for(lambda: chunks_held(database_url, worker.process.pid) > 0,
+                    timeout=JOIN_SECONDS, interval=0.1)
+    return (worker if took else None), round(time.monotonic() - started, 1)
+
+
 def running_chunks(database_url: str, pid: int) -> list[int]:
     return [row[0] for row in pg_query(
         database_url, "SELECT id FROM batches_chunk WHERE status = 'running' AND worker LIKE %s",
         (f"%:{pid}:%",))]
-
-
-def stopped_worker_closed_after(database_url: str, pid: int, chunk_ids: list[int],
-                                stopped_at: datetime, grace: float = 1.0) -> dict:
-    """Chunks the stopped worker closed itself more than `grace` s after SIGTERM
-    (a chunk whose last result was in flight as the signal came may close at once)."""
-    rows = pg_query(database_url,
-                    "SELECT id, status, finished_at FROM batches_chunk WHERE id = ANY(%s) "
-                    "AND worker LIKE %s", (chunk_ids, f"%:{pid}:%"))
-    late = {}
-    for chunk_id, status, finished_at in rows:
-        if finished_at is not None and (finished_at - stopped_at).total_seconds() > grace:
-            late[chunk_id] = f"{status} at +{(finished_at - stopped_at).total_seconds():.1f} s"
-    return collections.OrderedDict(sorted(late.items()))
