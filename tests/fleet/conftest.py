@@ -55,12 +55,12 @@ def start_fleet(tmp_path):
             return [self.server.log_path, *(w.log_path for w in self.extra)]
 
     def _start(*, workers: int, database_url: str | None = None, broker_url: str | None = None,
-               **settings: str) -> Fleet:
+               args: tuple[str, ...] = (), **settings: str) -> Fleet:
         storage = tmp_path / f"storage{len(started)}"
         server = Server(storage=storage,
                         env=server_env(storage=storage, database_url=database_url,
                                        broker_url=broker_url, **settings),
-                        args=["--inference-workers", str(workers)])
+                        args=["--inference-workers", str(workers), *args])
         fleet = Fleet(server)
         started.append((server, fleet.extra))
         server.start(ready_timeout=180)

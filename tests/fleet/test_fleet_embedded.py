@@ -1,6 +1,8 @@
 """The embedded default (SQLite, the embedded broker) with two inference workers
-from one `serve --inference-workers 2`: both take chunks, a small batch is not held
-back by a large one, each custom_id comes out once, no 5xx and no error line."""
+from one `serve --inference-workers 2 --gpus-per-worker 1`: each gets its own GPU
+(as CUDA_VISIBLE_DEVICES; the simulated engine ignores it, so no GPU is needed), both
+take chunks, a small batch is not held back by a large one, each custom_id comes out
+once, no 5xx and no error line."""
 
 from __future__ import annotations
 
@@ -17,8 +19,14 @@ SETTINGS = {"BATCHGEN_SIM_LATENCY_MS": "200", "BATCHGEN_MAX_POOL_SIZE": "16",
 
 
 def test_two_workers_on_the_embedded_default_share_the_work(start_fleet):
-    fleet = start_fleet(workers=2, **SETTINGS)
+    # Given: a host whose visible GPUs are 3 and 5
+    fleet = start_fleet(workers=2, args=("--gpus-per-worker", "1"),
+                        CUDA_VISIBLE_DEVICES="3,5", **SETTINGS)
     api = fleet.api
+    # (Celery's process title overwrites /proc/PID/environ, so serve's log says it.)
+    log = fleet.server.log(tail=1_000)
+    assert "inference1: CUDA_VISIBLE_DEVICES=3" in log
+    assert "inference2: CUDA_VISIBLE_DEVICES=5" in log
 
     large = api.create_batch(api.upload(chat_lines(LARGE, prefix="large"))["id"]).json()
     api.wait_status(large["id"], {"in_progress"}, timeout=60)
