@@ -1,8 +1,9 @@
 """The fleet: BatchGen on PostgreSQL and RabbitMQ with several inference workers, as
-real processes. What the fleet tests and benchmarks/fleet.py share: a RabbitMQ
-virtual host and a PostgreSQL database of their own per run, extra inference workers
-started beside `serve` (a GPU host joining), an API client that records every 5xx,
-and the scan of every process log for errors."""
+real processes. What the fleet tests need beside tests/e2e/harness.py: a RabbitMQ
+virtual host of their own per test, the database read as an operator would (also
+used by benchmarks/fleet.py), extra inference workers started beside `serve` (a GPU
+host joining), an API client that records every 5xx, and the scan of every process
+log for errors."""
 
 from __future__ import annotations
 
