@@ -71,6 +71,11 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
     Setting("--web-upload-threads", "BATCHGEN_WEB_UPLOAD_THREADS", "4",
             "requests with a body (uploads, batch creates) each web process reads at "
             "once, in threads of their own; more get 503 with Retry-After"),
+    Setting("--inference-workers", "BATCHGEN_INFERENCE_WORKERS", "1",
+            "inference workers started here, one engine each (0: none, they run on GPU hosts)"),
+    Setting("--gpus-per-worker", "BATCHGEN_GPUS_PER_WORKER", "0",
+            "GPUs each inference worker gets as its own CUDA_VISIBLE_DEVICES slice "
+            "(0: no slicing, every worker sees every GPU)"),
 )
 
 

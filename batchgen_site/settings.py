@@ -50,6 +50,10 @@ BATCHGEN_TOOL_CALL_PARSER = env("BATCHGEN_TOOL_CALL_PARSER",
 # 0 = the engine's KV cache capacity (vLLM), unlimited for the simulated engine.
 BATCHGEN_TOKEN_BUDGET = env.int("BATCHGEN_TOKEN_BUDGET",
                                 default=int(setting_default("BATCHGEN_TOKEN_BUDGET"))) or None
+# Inference workers `manage.py serve` starts on this host, and the GPUs each one gets
+# (worker i: GPUs i*K .. i*K+K-1 of the visible ones; 0 = every worker sees them all).
+BATCHGEN_INFERENCE_WORKERS = env.int("BATCHGEN_INFERENCE_WORKERS", default=1)
+BATCHGEN_GPUS_PER_WORKER = env.int("BATCHGEN_GPUS_PER_WORKER", default=0)
 BATCHGEN_SIM_LATENCY_MS = env.float("BATCHGEN_SIM_LATENCY_MS",
                                     default=float(setting_default("BATCHGEN_SIM_LATENCY_MS")))
 BATCHGEN_ENGINE_ARGS = json.loads(env("BATCHGEN_ENGINE_ARGS",

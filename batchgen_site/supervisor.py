@@ -28,6 +28,8 @@ class Program:
     env: dict[str, str] | None = None
     ready: Callable[[], bool] | None = None  # start the next program once this holds
     stop_signal: int = signal.SIGTERM
+    # Programs of one group (the inference workers) are stopped together.
+    group: str | None = None
     process: subprocess.Popen | None = None
     started_at: float = 0.0
     backoff: float = BACKOFF_START
@@ -98,20 +100,37 @@ class Supervisor:
             program.backoff = min(program.backoff * 2, BACKOFF_MAX)
 
     def stop_all(self) -> None:
-        """Stop in reverse order, each before the next: workers finish their warm
-        shutdown while the broker they acknowledge to is still up."""
+        """Stop in reverse order, each group before the next: workers finish their warm
+        shutdown while the broker they acknowledge to is still up. The programs of one
+        group are signalled at once and awaited together, so N inference workers stop
+        in the time of one."""
+        for group in self._stop_groups():
+            running = [p for p in group if p.process is not None and p.process.poll() is None]
+            for program in running:
+                logger.info("stopping %s (pid %s)", program.name, program.process.pid)
+                try:
+                    os.killpg(program.process.pid, program.stop_signal)
+                except ProcessLookupError:
+                    continue
+            deadline = time.monotonic() + STOP_TIMEOUT
+            for program in running:
+                try:
+                    program.process.wait(timeout=max(deadline - time.monotonic(), 0))
+                except subprocess.TimeoutExpired:
+                    logger.warning("%s did not stop in %.0f s; killing it", program.name,
+                                   STOP_TIMEOUT)
+                    try:
+                        os.killpg(program.process.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    program.process.wait()
+
+    def _stop_groups(self) -> list[list[Program]]:
+        """The programs in reverse start order, neighbours of one group together."""
+        groups: list[list[Program]] = []
         for program in reversed(self.programs):
-            process = program.process
-            if process is None or process.poll() is not None:
-                continue
-            logger.info("stopping %s (pid %s)", program.name, process.pid)
-            try:
-                os.killpg(process.pid, program.stop_signal)
-                process.wait(timeout=STOP_TIMEOUT)
-            except ProcessLookupError:
-                continue
-            except subprocess.TimeoutExpired:
-                logger.warning("%s did not stop in %.0f s; killing it", program.name,
-                               STOP_TIMEOUT)
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+            if groups and program.group is not None and groups[-1][0].group == program.group:
+                groups[-1].append(program)
+            else:
+                groups.append([program])
+        return groups

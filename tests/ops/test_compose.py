@@ -106,6 +106,29 @@ def test_inference_worker_reserves_nvidia_gpus_and_runs_vllm(services):
     assert "shm_size" in inference
 
 
+def test_inference_service_runs_the_hosts_workers_under_one_supervisor(services):
+    # One container per GPU host: `serve --inference-only` with N workers, K GPUs each
+    inference = services["inference"]
+    argv = inference["command"]
+    assert argv[:4] == ["python", "manage.py", "serve", "--inference-only"]
+    flags = dict(zip(argv[4::2], argv[5::2], strict=True))
+    assert flags["--inference-workers"] == "${BATCHGEN_INFERENCE_WORKERS:-1}"
+    assert flags["--gpus-per-worker"] == "${BATCHGEN_GPUS_PER_WORKER:-1}"
+    env = inference["environment"]
+    assert env["BATCHGEN_INFERENCE_WORKERS"] == flags["--inference-workers"]
+    assert env["BATCHGEN_GPUS_PER_WORKER"] == flags["--gpus-per-worker"]
+    # Healthy only when every worker of the host answers by its own node name
+    check = inference["healthcheck"]["test"][1]
+    assert "inspect ping" in check and "inference%g@$$HOSTNAME" in check
+    assert "$${BATCHGEN_INFERENCE_WORKERS:-1}" in check and "nodes? online" in check
+    assert int(inference["stop_grace_period"].rstrip("s")) >= 30
+
+
+def test_gpu_image_starts_the_workers_through_serve():
+    gpu = DOCKERFILE.read_text().split(" AS gpu", 1)[1]
+    assert 'CMD ["python", "manage.py", "serve", "--inference-only"]' in gpu
+
+
 def test_flower_is_behind_basic_auth(services):
     flower = services["flower"]
     assert flower["environment"]["FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH:?")

@@ -40,6 +40,15 @@ def test_loopback_only_does_not_warn(start_up, listen_ip):
     assert not [m for m in start_up(listen_ip) if WARNING in m]
 
 
+def test_gpu_host_serving_no_api_does_not_warn(monkeypatch, caplog, settings):
+    # `serve --inference-only`: no web server here, so nothing listens
+    settings.BATCHGEN_ENGINE = "simulated"
+    monkeypatch.setenv("BATCHGEN_LISTEN_IP", "0.0.0.0")
+    with caplog.at_level(logging.WARNING, logger="batchgen.serve"):
+        Command()._prepare(web=False)
+    assert WARNING not in caplog.text
+
+
 def test_server_with_a_key_does_not_warn(start_up):
     apikey_create(name="ops")
     messages = start_up("0.0.0.0")

@@ -1,6 +1,8 @@
 """`manage.py serve`: BatchGen on one machine. Starts the embedded broker (unless
 BATCHGEN_BROKER_URL names one), the web server, the control worker with the
-periodic tasks, one inference worker and Flower, and supervises them."""
+periodic tasks, the inference workers (one by default, `--inference-workers N`) and
+Flower, and supervises them. `--inference-only` starts the inference workers alone:
+a GPU host of a fleet whose web server, control worker and broker run elsewhere."""
 
 from __future__ import annotations
 
@@ -10,9 +12,10 @@ import sys
 
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from batchgen_site.config import SERVER_SETTINGS
+from batchgen_site.gpus import GpuSlicingError, gpu_slices, visible_gpus
 from batchgen_site.supervisor import Program, Supervisor
 from inference.engines.registry import engine_spec
 
@@ -58,7 +61,11 @@ class Command(BaseCommand):
                             help="which HTTP requests to log: all, all but successful polls "
                                  "(default), none (env BATCHGEN_ACCESS_LOG)")
         parser.add_argument("--no-inference-worker", action="store_true",
-                            help="start no inference worker here (they run on GPU hosts)")
+                            help="start no inference worker here (they run on GPU hosts); "
+                                 "the same as --inference-workers 0")
+        parser.add_argument("--inference-only", action="store_true",
+                            help="start only the inference workers: a GPU host of a fleet "
+                                 "whose web server, control worker and broker run elsewhere")
 
     def handle(self, *args, **options):
         env = self._environment(options)
@@ -66,11 +73,19 @@ class Command(BaseCommand):
             # Settings were given as flags: re-run with them in the environment, so
             # this process and every child agree on one set of settings.
             os.execve(sys.executable, [sys.executable, *sys.argv], env)
-        self._prepare()
-        Supervisor(self._programs(options)).run()
+        # Programs first: a fleet that does not fit the host's GPUs is refused before
+        # anything starts.
+        programs = self._programs(options)
+        self._prepare(web=not options["inference_only"])
+        Supervisor(programs).run()
 
     def _environment(self, options) -> dict[str, str]:
         env = dict(os.environ)
+        if options.get("no_inference_worker"):
+            if options.get("inference_workers") not in (None, "0"):
+                raise CommandError("--no-inference-worker and --inference-workers "
+                                   f"{options['inference_workers']} contradict each other")
+            options["inference_workers"] = "0"
         for setting in SERVER_SETTINGS:
             value = options.get(setting.flag.lstrip("-").replace("-", "_"))
             if value is None:
@@ -78,10 +93,13 @@ class Command(BaseCommand):
             env[setting.env] = "true" if value is True else str(value)
         return env
 
-    def _prepare(self) -> None:
+    def _prepare(self, *, web: bool = True) -> None:
+        """`web`: this host serves the API. A GPU host (--inference-only) leaves the
+        migrations to it (several hosts migrating one database at once would race)."""
         for path in (settings.UPLOADS_DIR, settings.INCREMENTAL_DIR, settings.RUN_DIR):
             path.mkdir(parents=True, exist_ok=True)
-        call_command("migrate", interactive=False, verbosity=0)
+        if web:
+            call_command("migrate", interactive=False, verbosity=0)
         engine = engine_spec(settings.BATCHGEN_ENGINE)
         engine.prepare_model()
         listen_ip = os.environ.get("BATCHGEN_LISTEN_IP", "0.0.0.0")
@@ -93,7 +111,7 @@ class Command(BaseCommand):
             logger.warning(engine.warning)
         from batchgen_site.auth import auth_required
 
-        if listen_ip not in ("127.0.0.1", "::1", "localhost") and not auth_required():
+        if web and listen_ip not in ("127.0.0.1", "::1", "localhost") and not auth_required():
             logger.warning("listening on %s without API keys: anyone who reaches this address "
                            "can use the API (create a key with `manage.py createapikey NAME`)",
                            listen_ip)
@@ -103,6 +121,13 @@ class Command(BaseCommand):
         celery = [python, "-m", "celery", "-A", "batchgen_site"]
         ip = os.environ.get("BATCHGEN_LISTEN_IP", "0.0.0.0")
         port = os.environ.get("BATCHGEN_LISTEN_PORT", "10900")
+        inference = inference_workers(
+            celery, workers=settings.BATCHGEN_INFERENCE_WORKERS,
+            gpus_per_worker=settings.BATCHGEN_GPUS_PER_WORKER)
+        if options["inference_only"]:
+            if not inference:
+                raise CommandError("--inference-only with no inference worker to start")
+            return inference
         programs: list[Program] = []
         if settings.BATCHGEN_EMBEDDED_BROKER:
             programs.append(embedded_broker())
@@ -121,10 +146,7 @@ class Command(BaseCommand):
             *celery, "worker", "-Q", "control", "-n", "control@%h", "-P", "threads", "-c", "4",
             "-B", "-s", str(settings.RUN_DIR / "celerybeat-schedule"), "--loglevel", "INFO",
         ]))
-        if not options["no_inference_worker"]:
-            programs.append(Program("inference", [
-                *celery, "worker", "-Q", "inference", "-n", "inference@%h", "--loglevel", "INFO",
-            ]))
+        programs.extend(inference)
         flower_port = os.environ.get("BATCHGEN_FLOWER_PORT", "5555")
         if flower_port and flower_port != "0":
             # Flower can revoke tasks and shut workers down: beyond loopback only with
@@ -137,6 +159,40 @@ class Command(BaseCommand):
                 *celery, "flower", f"--port={flower_port}", f"--address={flower_ip}",
             ]))
         return programs
+
+
+def inference_workers(celery: list[str], *, workers: int,
+                      gpus_per_worker: int) -> list[Program]:
+    """`workers` inference worker programs, each with a Celery node name of its own
+    (inference1@HOST, inference2@HOST, ...) and, when `gpus_per_worker` is set, its
+    own slice of the host's GPUs. Stopped together: N warm shutdowns take as long as
+    one."""
+    if workers < 0 or gpus_per_worker < 0:
+        raise CommandError("--inference-workers and --gpus-per-worker must be 0 or more")
+    devices: list[str | None] = [None] * workers
+    if gpus_per_worker:
+        try:
+            devices = gpu_slices(workers=workers, per_worker=gpus_per_worker,
+                                 gpus=visible_gpus(os.environ))
+        except GpuSlicingError as exc:
+            raise CommandError(str(exc)) from None
+    elif workers > 1 and visible_gpus(os.environ):
+        logger.warning("%s inference workers share every GPU of this host; give each its "
+                       "own with --gpus-per-worker", workers)
+    programs = []
+    # No gossip, no mingle: BatchGen's workers share their state through the database,
+    # and with gossip every worker receives every other worker's heartbeat event (N^2
+    # deliveries: at 1,000 workers, half a million a second, docs/deployment.md).
+    for number, cuda_devices in enumerate(devices, start=1):
+        env = None
+        if cuda_devices is not None:
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": cuda_devices}
+            logger.info("inference%s: CUDA_VISIBLE_DEVICES=%s", number, cuda_devices)
+        programs.append(Program(f"inference{number}", [
+            *celery, "worker", "-Q", "inference", "-n", f"inference{number}@%h",
+            "--without-gossip", "--without-mingle", "--loglevel", "INFO",
+        ], env=env, group="inference"))
+    return programs
 
 
 def embedded_broker() -> Program:

@@ -1,0 +1,181 @@
+"""`manage.py serve --inference-workers N --gpus-per-worker K`: N inference worker
+programs, each with its own Celery node name and its own CUDA_VISIBLE_DEVICES slice,
+checked without a GPU; and the supervisor stopping them together."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from django.core.management.base import CommandError
+
+from batchgen_site import gpus
+from batchgen_site.gpus import GpuSlicingError, gpu_slices, visible_gpus
+from batchgen_site.management.commands.serve import Command
+from batchgen_site.supervisor import Program, Supervisor
+from tests.e2e.harness import wait_until
+
+OPTIONS = {"web_workers": 1, "web_threads": 1, "access_log": "none", "inference_only": False}
+
+
+def programs(**options):
+    return Command()._programs({**OPTIONS, **options})
+
+
+def inference_programs(**options) -> list[Program]:
+    return [p for p in programs(**options) if p.group == "inference"]
+
+
+def node_name(program: Program) -> str:
+    return program.argv[program.argv.index("-n") + 1]
+
+
+# --- slicing ------------------------------------------------------------------------------
+
+
+def test_eight_gpus_four_workers_two_each():
+    gpus_ = [str(i) for i in range(8)]
+    assert gpu_slices(workers=4, per_worker=2, gpus=gpus_) == ["0,1", "2,3", "4,5", "6,7"]
+
+
+def test_slices_come_from_the_visible_devices_in_order():
+    visible = visible_gpus({"CUDA_VISIBLE_DEVICES": "3, 5,GPU-9f2c,7"})
+    assert visible == ["3", "5", "GPU-9f2c", "7"]
+    assert gpu_slices(workers=2, per_worker=2, gpus=visible) == ["3,5", "GPU-9f2c,7"]
+    assert gpu_slices(workers=3, per_worker=1, gpus=visible) == ["3", "5", "GPU-9f2c"]
+
+
+def test_more_gpus_asked_than_shown_is_refused_with_the_arithmetic():
+    with pytest.raises(GpuSlicingError) as error:
+        gpu_slices(workers=3, per_worker=2, gpus=["0", "1", "2", "3"])
+    assert str(error.value).startswith(
+        "3 inference worker(s) x 2 GPU(s) each need 6 GPUs; this host shows 4 (0,1,2,3).")
+
+
+def test_an_empty_cuda_visible_devices_shows_no_gpu():
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+
+
+def test_without_cuda_visible_devices_nvidia_smi_counts_them(monkeypatch):
+    listed = ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-a)\n"
+              "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-b)\n"
+              "  MIG 1g.10gb Device 0: (UUID: MIG-c)\n")
+    monkeypatch.setattr(gpus.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(gpus.subprocess, "run", lambda *a, **kw: subprocess.CompletedProcess(
+        a, 0, stdout=listed, stderr=""))
+    assert visible_gpus({}) == ["0", "1"]
+
+
+def test_no_nvidia_smi_means_no_gpu(monkeypatch):
+    monkeypatch.setattr(gpus.shutil, "which", lambda name: None)
+    assert visible_gpus({}) == []
+
+
+# --- the programs serve starts --------------------------------------------------------------
+
+
+def test_one_inference_worker_by_default():
+    found = inference_programs()
+    assert [p.name for p in found] == ["inference1"]
+    assert node_name(found[0]) == "inference1@%h"
+    assert found[0].env is None  # no slicing: the worker inherits the environment
+
+
+def test_n_workers_each_with_its_own_node_name(settings):
+    settings.BATCHGEN_INFERENCE_WORKERS = 4
+    found = inference_programs()
+    assert [node_name(p) for p in found] == [f"inference{i}@%h" for i in range(1, 5)]
+    assert all(p.argv[p.argv.index("-Q") + 1] == "inference" for p in found)
+    # Workers do not gossip: each would receive every other's heartbeat events
+    assert all({"--without-gossip", "--without-mingle"} <= set(p.argv) for p in found)
+    names = [p.name for p in programs()]
+    assert names[-1] == "flower" and names.index("control") < names.index("inference1")
+
+
+def test_zero_workers_starts_none(settings):
+    settings.BATCHGEN_INFERENCE_WORKERS = 0
+    assert inference_programs() == []
+    assert {"web", "control"} <= {p.name for p in programs()}
+
+
+def test_gpus_per_worker_gives_each_worker_its_slice(settings, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+    settings.BATCHGEN_INFERENCE_WORKERS = 4
+    settings.BATCHGEN_GPUS_PER_WORKER = 2
+    found = inference_programs()
+    assert [p.env["CUDA_VISIBLE_DEVICES"] for p in found] == ["0,1", "2,3", "4,5", "6,7"]
+    assert found[0].env["PATH"]  # the rest of the environment is inherited
+
+
+def test_gpus_per_worker_beyond_the_host_is_refused(settings, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
+    settings.BATCHGEN_INFERENCE_WORKERS = 2
+    settings.BATCHGEN_GPUS_PER_WORKER = 2
+    with pytest.raises(CommandError, match="need 4 GPUs; this host shows 3"):
+        programs()
+
+
+def test_workers_sharing_gpus_are_warned_about(settings, monkeypatch, caplog):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    settings.BATCHGEN_INFERENCE_WORKERS = 2
+    inference_programs()
+    assert "2 inference workers share every GPU of this host" in caplog.text
+
+
+def test_negative_worker_count_is_refused(settings):
+    settings.BATCHGEN_INFERENCE_WORKERS = -1
+    with pytest.raises(CommandError, match="must be 0 or more"):
+        programs()
+
+
+def test_inference_only_starts_the_workers_alone(settings):
+    settings.BATCHGEN_INFERENCE_WORKERS = 2
+    assert [p.name for p in programs(inference_only=True)] == ["inference1", "inference2"]
+    settings.BATCHGEN_INFERENCE_WORKERS = 0
+    with pytest.raises(CommandError, match="no inference worker"):
+        programs(inference_only=True)
+
+
+def test_no_inference_worker_is_an_alias_of_zero_workers():
+    env = Command()._environment({"no_inference_worker": True})
+    assert env["BATCHGEN_INFERENCE_WORKERS"] == "0"
+    with pytest.raises(CommandError, match="contradict"):
+        Command()._environment({"no_inference_worker": True, "inference_workers": "3"})
+
+
+def test_flags_become_the_environment_every_child_reads():
+    env = Command()._environment({"inference_workers": "8", "gpus_per_worker": "1"})
+    assert env["BATCHGEN_INFERENCE_WORKERS"] == "8"
+    assert env["BATCHGEN_GPUS_PER_WORKER"] == "1"
+
+
+# --- stopping them together -------------------------------------------------------------------
+
+# Takes a second to stop after SIGTERM, as a worker's warm shutdown does; touches
+# its argument once the handler is in place.
+SLOW_TO_STOP = ("import pathlib, signal, sys, time\n"
+                "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(1), sys.exit(0)))\n"
+                "pathlib.Path(sys.argv[1]).touch()\n"
+                "time.sleep(60)\n")
+
+
+def test_a_group_of_workers_stops_in_the_time_of_one(tmp_path):
+    ready = [tmp_path / f"ready{i}" for i in range(1, 5)]
+    workers = [Program(f"inference{i}", [sys.executable, "-c", SLOW_TO_STOP, str(ready[i - 1])],
+                       group="inference") for i in range(1, 5)]
+    supervisor = Supervisor([Program("web", [sys.executable, "-c", "import time; "
+                                             "time.sleep(60)"]), *workers])
+    for program in supervisor.programs:
+        supervisor._spawn(program)
+    wait_until(lambda: all(path.exists() for path in ready), timeout=30,
+               message="the workers' SIGTERM handlers")
+
+    started = time.monotonic()
+    supervisor.stop_all()
+
+    assert time.monotonic() - started < 3.0  # four one-second stops, not in turn
+    assert all(p.process.returncode == 0 for p in workers)
+    assert [[p.name for p in g] for g in supervisor._stop_groups()] == [
+        ["inference4", "inference3", "inference2", "inference1"], ["web"]]
