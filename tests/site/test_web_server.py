@@ -23,9 +23,9 @@ def gunicorn_config(argv: list[str], monkeypatch):
 @pytest.fixture
 def web_argv(settings) -> list[str]:
     settings.BATCHGEN_EMBEDDED_BROKER = False
+    settings.BATCHGEN_INFERENCE_WORKERS = 0
     programs = Command()._programs({"web_workers": 2, "web_threads": 4,
-                                    "access_log": "except-polls",
-                                    "no_inference_worker": True})
+                                    "access_log": "except-polls", "inference_only": False})
     [web] = [program for program in programs if program.name == "web"]
     return web.argv[web.argv.index("gunicorn") + 1:]
 
