@@ -22,7 +22,18 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Case, CharField, Exists, F, IntegerField, OuterRef, Q, Value, When
+from django.db.models import (
+    BigIntegerField,
+    Case,
+    CharField,
+    Exists,
+    F,
+    IntegerField,
+    OuterRef,
+    Q,
+    Value,
+    When,
+)
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
@@ -31,6 +42,7 @@ from batches.dispatch import dispatch, publish_chunks, send_finalize
 from batches.locks import lock_ids
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
 from batches.params import BatchParams
+from batches.usage import USAGE_COLUMNS, USAGE_FIELDS, Usage
 from batchgen_site.errors import StorageFull
 from batchgen_site.transient import retry_transient
 from files import storage
@@ -129,19 +141,23 @@ def _by_id(values: dict, default=0, field_type=IntegerField):
 def chunks_flush(*, worker: str, progress: dict[int, Counts] | None = None,
                  closing: dict[int, Counts] | None = None,
                  releasing: dict[int, Counts] | None = None,
-                 holding: Iterable[int] = ()) -> FlushResult:
+                 holding: Iterable[int] = (),
+                 usage: dict[int, Usage] | None = None) -> FlushResult:
     """Everything a worker has to say about its chunks since the last flush, in one
     transaction: results written (`progress`), chunks finished (`closing`: done, or
     skipped when their batch stopped) and chunks handed back (`releasing`: the worker
-    is stopping), with the lease of every chunk it holds renewed. Capacity of the
+    is stopping), with the lease of every chunk it holds renewed, and the token
+    `usage` of the results written added to their batches. Capacity of the
     results and of requests never to run goes back to the batch rows; a batch whose
     last chunk closed is finalized; released chunks are published again.
 
     Locks: the chunk rows, then the batch rows, each in ascending id (batches.locks).
     A chunk the worker no longer holds (its lease expired and recovery requeued it)
     is reported in `lost` and none of its counts are kept: the next attempt finds
-    the written lines and accounts them itself."""
+    the written lines and accounts them itself (its usage is counted at finalization,
+    which recomputes it from the output file)."""
     progress, closing, releasing = progress or {}, closing or {}, releasing or {}
+    usage = usage or {}
     result = FlushResult()
     wanted = set(progress) | set(closing) | set(releasing) | set(holding)
     if not wanted:
@@ -174,6 +190,10 @@ def chunks_flush(*, worker: str, progress: dict[int, Counts] | None = None,
             batch_done[batch_id] += done
             batch_failed[batch_id] += failed
             batch_release[batch_id] += done + failed
+        batch_usage: dict[str, Usage] = defaultdict(Usage)
+        for chunk_id, tokens in usage.items():
+            if chunk_id in rows:
+                batch_usage[rows[chunk_id][0]] += tokens
         closed_batches = set()
         for chunk_id in closing.keys() & rows.keys():
             batch_id, count, completed, failed, _ = rows[chunk_id]
@@ -191,13 +211,19 @@ def chunks_flush(*, worker: str, progress: dict[int, Counts] | None = None,
         if released:
             Chunk.objects.filter(id__in=released).update(
                 status=ChunkStatus.QUEUED, worker="", lease_expires_at=None, published_at=None)
-        changed = {b for b, n in batch_release.items() if n} | closed_batches
+        changed = ({b for b, n in batch_release.items() if n} | closed_batches
+                   | {b for b, tokens in batch_usage.items() if tokens})
         if changed:
             lock_ids(Batch.objects.filter(id__in=changed))
+            # Token sums ride in the same UPDATE: no statement per request or per figure.
+            tokens = {USAGE_COLUMNS[name]: F(USAGE_COLUMNS[name]) + _by_id(
+                {b: getattr(u, name) for b, u in batch_usage.items()}, field_type=BigIntegerField)
+                for name in USAGE_FIELDS}
             Batch.objects.filter(id__in=changed).update(
                 completed=F("completed") + _by_id(batch_done),
                 failed=F("failed") + _by_id(batch_failed),
-                intake_reserved=Greatest(F("intake_reserved") - _by_id(batch_release), 0))
+                intake_reserved=Greatest(F("intake_reserved") - _by_id(batch_release), 0),
+                **tokens)
         if closed_batches:
             # Results were written, so a wait on a full volume is over for these batches.
             Batch.objects.filter(id__in=closed_batches,

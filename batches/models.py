@@ -66,6 +66,15 @@ class Batch(models.Model):
     # requests finish, fail or are skipped. The IntakePool's size is the sum over
     # active batches (batches.intake): no global counter row to contend on.
     intake_reserved = models.IntegerField(default=0)
+    # Token usage (batches.usage): summed by the workers' progress flushes while the
+    # batch runs, recomputed from the output file at finalization.
+    usage_input_tokens = models.BigIntegerField(default=0)
+    usage_cached_tokens = models.BigIntegerField(default=0)
+    usage_output_tokens = models.BigIntegerField(default=0)
+    usage_reasoning_tokens = models.BigIntegerField(default=0)
+    # `output_expires_after.seconds` at create: the output and error files expire this
+    # long after they are registered (null: the server's default file expiry).
+    output_expires_after_seconds = models.IntegerField(null=True, blank=True)
 
     error = models.JSONField(null=True, blank=True)  # {"code", "message"}
     # The first ERRORS_SHOWN bad input lines, as the batch object shows them

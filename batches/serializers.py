@@ -5,6 +5,7 @@ from rest_framework import serializers
 
 from batches.models import ERRORS_SHOWN, Batch, Endpoint
 from batches.params import SAMPLING_BOUNDS
+from batches.usage import USAGE_COLUMNS, Usage
 from batches.validation import MAX_LISTED_ERRORS
 from batchgen_site.pagination import list_envelope_serializer
 from files.serializers import UnixTimestampField
@@ -141,6 +142,23 @@ class RequestCountsSerializer(serializers.Serializer):
     failed = serializers.IntegerField()
 
 
+class InputTokensDetailsSerializer(serializers.Serializer):
+    cached_tokens = serializers.IntegerField(
+        help_text="Prompt tokens served from the prefix cache.")
+
+
+class OutputTokensDetailsSerializer(serializers.Serializer):
+    reasoning_tokens = serializers.IntegerField()
+
+
+class BatchUsageSerializer(serializers.Serializer):
+    input_tokens = serializers.IntegerField()
+    input_tokens_details = InputTokensDetailsSerializer()
+    output_tokens = serializers.IntegerField()
+    output_tokens_details = OutputTokensDetailsSerializer()
+    total_tokens = serializers.IntegerField()
+
+
 class BatchErrorSerializer(serializers.Serializer):
     code = serializers.CharField()
     message = serializers.CharField()
@@ -191,6 +209,7 @@ class BatchOutputSerializer(serializers.ModelSerializer):
     request_counts = serializers.SerializerMethodField()
     error = BatchErrorSerializer(allow_null=True)
     errors = serializers.SerializerMethodField()
+    usage = serializers.SerializerMethodField()
 
     class Meta:
         model = Batch
@@ -198,9 +217,9 @@ class BatchOutputSerializer(serializers.ModelSerializer):
             "id", "object", "endpoint", "model", "input_file_id", "output_file_id",
             "error_file_id", "completion_window", "status", "created_at", "in_progress_at",
             "started_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
-            "expired_at", "cancelling_at", "cancelled_at", "request_counts", "error", "errors",
-            "metadata", "max_decoding_length", "max_context_length", "temperature", "top_p",
-            "top_k",
+            "expired_at", "cancelling_at", "cancelled_at", "request_counts", "usage", "error",
+            "errors", "metadata", "max_decoding_length", "max_context_length", "temperature",
+            "top_p", "top_k",
         ]
 
     def get_object(self, obj) -> str:
@@ -212,6 +231,12 @@ class BatchOutputSerializer(serializers.ModelSerializer):
 
     def get_request_counts(self, obj) -> RequestCountsSerializer:
         return {"total": obj.total, "completed": obj.completed, "failed": obj.failed}
+
+    def get_usage(self, obj) -> BatchUsageSerializer(help_text=(
+            "Tokens used so far (updated with the workers' progress flushes); exactly the "
+            "sum over the output lines' usage once the batch is finalized.")):
+        return Usage(**{name: getattr(obj, column)
+                        for name, column in USAGE_COLUMNS.items()}).as_api()
 
     def get_errors(self, obj) -> BatchErrorsSerializer(allow_null=True):
         if not obj.errors:

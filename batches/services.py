@@ -24,6 +24,7 @@ from batches.models import (
     ControlLock,
     LineError,
 )
+from batches.usage import USAGE_COLUMNS, output_digest_and_usage
 from batches.validation import ValidationReport, validate_file
 from batchgen_site.errors import BatchGenError, CapacityFull, NotFound, is_storage_full
 from batchgen_site.ids import new_id
@@ -312,9 +313,18 @@ def batch_finalize(*, batch_id: str) -> Batch:
         batch = Batch.objects.select_for_update().get(id=batch_id)
         if batch.output_file_id is None and batch.in_progress_at is not None:
             # No chunk is open, so a torn last line is a dead writer's, never a result.
-            repair_tail(storage.absolute(storage.incremental_name(batch_id)))
-            batch.output_file = file_register_output(batch_id=batch_id, owner=batch.owner)
-            batch.save(update_fields=["output_file"])
+            output = storage.absolute(storage.incremental_name(batch_id))
+            repair_tail(output)
+            # One read for the checksum and the exact usage (the running figures may
+            # miss results a dead worker wrote but never flushed).
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.touch(exist_ok=True)
+            size, digest, usage = output_digest_and_usage(output)
+            batch.output_file = file_register_output(batch_id=batch_id, owner=batch.owner,
+                                                     size=size, digest=digest)
+            for name, column in USAGE_COLUMNS.items():
+                setattr(batch, column, getattr(usage, name))
+            batch.save(update_fields=["output_file", *USAGE_COLUMNS.values()])
     if batch.status == S.FINALIZING:
         batch_transition(batch_id=batch_id, to=S.COMPLETED)
     elif batch.status == S.CANCELLING:

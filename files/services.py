@@ -70,13 +70,16 @@ def _expiry():
     return timezone.now() + timedelta(days=days) if days > 0 else None
 
 
-def file_register_output(*, batch_id: str, owner=None) -> File:
-    """Register a batch's incremental file as its output file (it is the same file)."""
+def file_register_output(*, batch_id: str, owner=None, size: int | None = None,
+                         digest: str | None = None) -> File:
+    """Register a batch's incremental file as its output file (it is the same file).
+    A caller that read the file already passes its size and sha256."""
     name = storage.incremental_name(batch_id)
     path = storage.absolute(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch(exist_ok=True)
-    size, digest = storage.sha256_of(path)
+    if size is None or digest is None:
+        size, digest = storage.sha256_of(path)
     return File.objects.create(
         id=new_id("file-"),
         purpose=FilePurpose.BATCH_OUTPUT,

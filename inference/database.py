@@ -18,6 +18,7 @@ from django.db import close_old_connections, connection
 from batches import chunks
 from batches.chunks import ChunkWork, Counts, FlushResult
 from batches.services import batch_storage_full, batch_storage_resumed
+from batches.usage import Usage
 from inference import services
 
 logger = logging.getLogger("batchgen.inference")
@@ -48,9 +49,11 @@ class WorkerDatabase:
         return self._run(chunks.chunk_claim, chunk_id=chunk_id, worker=self.worker)
 
     def flush(self, *, progress: dict[int, Counts], closing: dict[int, Counts],
-              releasing: dict[int, Counts], holding: Iterable[int]) -> FlushResult:
+              releasing: dict[int, Counts], holding: Iterable[int],
+              usage: dict[int, Usage] | None = None) -> FlushResult:
         return self._run(chunks.chunks_flush, worker=self.worker, progress=progress,
-                         closing=closing, releasing=releasing, holding=list(holding))
+                         closing=closing, releasing=releasing, holding=list(holding),
+                         usage=usage)
 
     # --- batches shown waiting on a full volume ---------------------------------------------
 

@@ -20,6 +20,7 @@ import threading
 from concurrent.futures import Future
 
 from batches.chunks import Counts, FlushResult
+from batches.usage import Usage
 
 logger = logging.getLogger("batchgen.inference")
 
@@ -27,6 +28,11 @@ logger = logging.getLogger("batchgen.inference")
 def _add(into: dict[int, Counts], chunk_id: int, completed: int, failed: int) -> None:
     was = into.get(chunk_id, (0, 0))
     into[chunk_id] = (was[0] + completed, was[1] + failed)
+
+
+def _add_usage(into: dict[int, Usage], chunk_id: int, usage: Usage) -> None:
+    total = into.setdefault(chunk_id, Usage())
+    total += usage
 
 
 class ChunkLedger:
@@ -37,6 +43,7 @@ class ChunkLedger:
         self._progress: dict[int, Counts] = {}
         self._closing: dict[int, Counts] = {}
         self._releasing: dict[int, Counts] = {}
+        self._usage: dict[int, Usage] = {}
         self._waiting: dict[int, Future] = {}
         self._lost: set[int] = set()
         self.urgent = threading.Event()  # a thread waits on the next flush
@@ -51,10 +58,13 @@ class ChunkLedger:
             self._held.add(chunk_id)
             self._empty.clear()
 
-    def add(self, chunk_id: int, completed: int, failed: int) -> None:
+    def add(self, chunk_id: int, completed: int, failed: int,
+            usage: Usage | None = None) -> None:
         if completed or failed:
             with self._lock:
                 _add(self._progress, chunk_id, completed, failed)
+                if usage:
+                    _add_usage(self._usage, chunk_id, usage)
 
     def drop(self, chunk_id: int) -> None:
         """The chunk's thread failed: stop renewing its lease (what it wrote is still
@@ -104,15 +114,19 @@ class ChunkLedger:
         with self._lock:
             self.urgent.clear()
             progress, closing, releasing = self._progress, self._closing, self._releasing
+            usage = self._usage
             self._progress, self._closing, self._releasing = {}, {}, {}
+            self._usage = {}
             held = set(self._held)
         if not (progress or closing or releasing or held):
             return None
         try:
             result = self._flush(progress=progress, closing=closing, releasing=releasing,
-                                 holding=held)
+                                 holding=held, usage=usage)
         except BaseException:
             with self._lock:
+                for chunk_id, tokens in usage.items():
+                    _add_usage(self._usage, chunk_id, tokens)
                 for gathered, pending in ((progress, self._progress),
                                           (closing, self._closing),
                                           (releasing, self._releasing)):

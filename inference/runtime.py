@@ -38,6 +38,7 @@ from django.conf import settings
 
 from batches.chunks import ChunkWork, reconcile_counts
 from batches.endpoints import endpoint_spec
+from batches.usage import Usage
 from batches.validation import read_chunk
 from batchgen_site.celery import app
 from batchgen_site.errors import is_storage_full
@@ -321,7 +322,10 @@ class InferenceRuntime:
                 failed = len(finished) - completed
                 run.completed += completed
                 run.failed += failed
-                self.ledger.add(work.chunk_id, completed, failed)
+                usage = Usage()
+                for _, result in finished:
+                    usage.add_body(result.body)
+                self.ledger.add(work.chunk_id, completed, failed, usage)
                 for _, result in finished:
                     self._count(result)
 

@@ -93,3 +93,18 @@ def test_a_dropped_chunk_is_no_longer_renewed_but_its_results_are_still_sent(led
 
     assert database.flushes[0]["progress"] == {5: (2, 0)}
     assert list(database.flushes[0]["holding"]) == []
+
+
+def test_usage_goes_out_with_its_chunk_and_survives_a_failed_flush(ledger, database):
+    from batches.usage import Usage
+
+    ledger.hold(1)
+    ledger.add(1, 1, 0, Usage(input_tokens=5, output_tokens=2))
+    database.fail_next = True
+    with pytest.raises(ConnectionError):
+        ledger.flush()
+    ledger.add(1, 1, 0, Usage(input_tokens=1, output_tokens=1))
+
+    ledger.flush()
+
+    assert database.flushes[-1]["usage"] == {1: Usage(input_tokens=6, output_tokens=3)}
