@@ -8,7 +8,7 @@ from batches.params import SAMPLING_BOUNDS
 from batches.usage import USAGE_COLUMNS, Usage
 from batches.validation import MAX_LISTED_ERRORS
 from batchgen_site.pagination import list_envelope_serializer
-from files.serializers import UnixTimestampField
+from files.serializers import ExpiresAfterSerializer, UnixTimestampField
 from inference.model_info import served_model
 
 # metadata["priority"]: a batch's weight in fair sharing (batches.dispatch).
@@ -77,6 +77,10 @@ class BatchCreateInputSerializer(serializers.Serializer):
     temperature = bounded_field("temperature")
     top_p = bounded_field("top_p")
     top_k = bounded_field("top_k")
+    output_expires_after = ExpiresAfterSerializer(
+        required=False, allow_null=True,
+        help_text="When the output and error files expire: `seconds` after they are "
+                  "created (anchor `created_at`), within the server's bounds.")
 
     def validate_metadata(self, value):
         """The limits are settings (read per request), so they are checked here rather
@@ -101,6 +105,7 @@ class BatchCreateInputSerializer(serializers.Serializer):
         return value
 
     def validate(self, attrs):
+        attrs["output_expires_after_seconds"] = attrs.pop("output_expires_after", None)
         priority = (attrs.get("metadata") or {}).get("priority")
         if priority is not None:
             if not priority.isdigit() or not 1 <= int(priority) <= MAX_PRIORITY:

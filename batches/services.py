@@ -98,7 +98,8 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
                  metadata: dict[str, str] | None = None, model: str,
                  max_decoding_length: int | None = None, max_context_length: int | None = None,
                  temperature: float | None = None, top_p: float | None = None,
-                 top_k: int | None = None, priority: int = 1, owner=None) -> Batch:
+                 top_k: int | None = None, priority: int = 1, owner=None,
+                 output_expires_after_seconds: int | None = None) -> Batch:
     """Check what is cheap, record the batch as `validating` and queue its
     validation after commit. Never reads the input file here."""
     files = File.objects.filter(owner=owner) if owner is not None else File.objects
@@ -143,6 +144,7 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
             top_k=top_k,
             priority=priority,
             owner=owner,
+            output_expires_after_seconds=output_expires_after_seconds,
         )
         # robust: a broker that is down must not turn a committed batch into a 500;
         # recovery validates batches whose validation never started.
@@ -320,8 +322,9 @@ def batch_finalize(*, batch_id: str) -> Batch:
             output.parent.mkdir(parents=True, exist_ok=True)
             output.touch(exist_ok=True)
             size, digest, usage = output_digest_and_usage(output)
-            batch.output_file = file_register_output(batch_id=batch_id, owner=batch.owner,
-                                                     size=size, digest=digest)
+            batch.output_file = file_register_output(
+                batch_id=batch_id, owner=batch.owner, size=size, digest=digest,
+                expires_after_seconds=batch.output_expires_after_seconds)
             for name, column in USAGE_COLUMNS.items():
                 setattr(batch, column, getattr(usage, name))
             batch.save(update_fields=["output_file", *USAGE_COLUMNS.values()])

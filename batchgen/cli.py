@@ -276,6 +276,12 @@ def format_batch(batch: dict) -> str:
     field("model", batch.get("model"))
     field("requests", f"{counts['total']} total, {counts['completed']} completed, "
                       f"{counts['failed']} failed")
+    usage = batch.get("usage")
+    if isinstance(usage, dict) and usage.get("total_tokens"):
+        cached = (usage.get("input_tokens_details") or {}).get("cached_tokens") or 0
+        reasoning = (usage.get("output_tokens_details") or {}).get("reasoning_tokens") or 0
+        field("tokens", f"{usage.get('input_tokens', 0)} in ({cached} cached), "
+                        f"{usage.get('output_tokens', 0)} out ({reasoning} reasoning)")
     for stamp in ("created", "in_progress", "finalizing", "completed", "failed",
                   "cancelling", "cancelled", "expires"):
         value = batch.get(f"{stamp}_at")

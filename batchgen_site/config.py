@@ -71,6 +71,12 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
     Setting("--web-upload-threads", "BATCHGEN_WEB_UPLOAD_THREADS", "4",
             "requests with a body (uploads, batch creates) each web process reads at "
             "once, in threads of their own; more get 503 with Retry-After"),
+    # OpenAI's bounds for `expires_after` (files) and `output_expires_after` (batches):
+    # an hour to 30 days. A site may narrow them (less disk) or widen them.
+    Setting("--min-file-expiry-seconds", "BATCHGEN_MIN_FILE_EXPIRY_SECONDS", "3600",
+            "the shortest expires_after / output_expires_after a client may ask for"),
+    Setting("--max-file-expiry-seconds", "BATCHGEN_MAX_FILE_EXPIRY_SECONDS", "2592000",
+            "the longest expires_after / output_expires_after a client may ask for"),
     Setting("--inference-workers", "BATCHGEN_INFERENCE_WORKERS", "1",
             "inference workers started here, one engine each (0: none, they run on GPU hosts)"),
     Setting("--gpus-per-worker", "BATCHGEN_GPUS_PER_WORKER", "0",

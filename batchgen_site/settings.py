@@ -107,6 +107,14 @@ BATCHGEN_COMPLETION_WINDOW_HOURS = 24
 # Require an API key on /v1/ even before any key exists (keys: manage.py createapikey).
 BATCHGEN_REQUIRE_AUTH = env.bool("BATCHGEN_REQUIRE_AUTH", default=False)
 BATCHGEN_FILE_EXPIRY_DAYS = env.int("BATCHGEN_FILE_EXPIRY_DAYS", default=30)
+# The bounds of a client's own expiry (files' `expires_after`, batches'
+# `output_expires_after`), in seconds.
+BATCHGEN_MIN_FILE_EXPIRY_SECONDS = env.int(
+    "BATCHGEN_MIN_FILE_EXPIRY_SECONDS",
+    default=int(setting_default("BATCHGEN_MIN_FILE_EXPIRY_SECONDS")))
+BATCHGEN_MAX_FILE_EXPIRY_SECONDS = env.int(
+    "BATCHGEN_MAX_FILE_EXPIRY_SECONDS",
+    default=int(setting_default("BATCHGEN_MAX_FILE_EXPIRY_SECONDS")))
 
 # --- Django -----------------------------------------------------------------------
 

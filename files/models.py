@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.db import models
+from django.utils import timezone
 
 
 class FilePurpose(models.TextChoices):
@@ -27,7 +28,8 @@ class File(models.Model):
                               default=FileStatus.UPLOADED)
     # Relative to the storage path, so the storage can move between hosts.
     storage_name = models.CharField(max_length=512)
-    created_at = models.DateTimeField(auto_now_add=True)
+    # Set by the services (not auto_now_add) so `expires_after` counts from the same instant.
+    created_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField(null=True, blank=True)
     # The API key that uploaded it (null on an open server or for the server's own).
     owner = models.ForeignKey("batchgen_site.ApiKey", on_delete=models.SET_NULL, null=True,

@@ -34,9 +34,12 @@ def sanitize_filename(name: str | None) -> str:
     return name[:255]
 
 
-def file_upload(*, upload: StreamedUpload, purpose: str, owner=None) -> File:
+def file_upload(*, upload: StreamedUpload, purpose: str, owner=None,
+                expires_after_seconds: int | None = None) -> File:
     """Move a fully streamed upload into place and record it. The row is created
-    only after the bytes are durable under their final name."""
+    only after the bytes are durable under their final name. `expires_after_seconds`
+    (the client's `expires_after`, anchored at creation) replaces the server's
+    default expiry."""
     if purpose != FilePurpose.BATCH:
         raise BatchGenError(
             f"Invalid purpose {purpose!r}: uploads must have purpose 'batch'.", param="purpose"
@@ -48,16 +51,18 @@ def file_upload(*, upload: StreamedUpload, purpose: str, owner=None) -> File:
     final = storage.absolute(name)
     os.replace(upload.path, final)
     storage.fsync_dir(final.parent)
+    now = timezone.now()
     try:
         return File.objects.create(
             id=file_id,
+            created_at=now,
             purpose=purpose,
             filename=sanitize_filename(upload.name),
             bytes=upload.size,
             checksum=f"sha256:{upload.sha256}",
             status=FileStatus.UPLOADED,
             storage_name=name,
-            expires_at=_expiry(),
+            expires_at=_expiry(now, expires_after_seconds),
             owner=owner,
         )
     except Exception:
@@ -65,30 +70,38 @@ def file_upload(*, upload: StreamedUpload, purpose: str, owner=None) -> File:
         raise
 
 
-def _expiry():
+def _expiry(created_at, expires_after_seconds: int | None = None):
+    """The client's own expiry if it gave one, else the server's default (none if
+    BATCHGEN_FILE_EXPIRY_DAYS is 0)."""
+    if expires_after_seconds is not None:
+        return created_at + timedelta(seconds=expires_after_seconds)
     days = settings.BATCHGEN_FILE_EXPIRY_DAYS
-    return timezone.now() + timedelta(days=days) if days > 0 else None
+    return created_at + timedelta(days=days) if days > 0 else None
 
 
 def file_register_output(*, batch_id: str, owner=None, size: int | None = None,
-                         digest: str | None = None) -> File:
+                         digest: str | None = None,
+                         expires_after_seconds: int | None = None) -> File:
     """Register a batch's incremental file as its output file (it is the same file).
-    A caller that read the file already passes its size and sha256."""
+    A caller that read the file already passes its size and sha256; the batch's
+    `output_expires_after` counts from now, when the file is registered."""
     name = storage.incremental_name(batch_id)
     path = storage.absolute(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch(exist_ok=True)
     if size is None or digest is None:
         size, digest = storage.sha256_of(path)
+    now = timezone.now()
     return File.objects.create(
         id=new_id("file-"),
+        created_at=now,
         purpose=FilePurpose.BATCH_OUTPUT,
         filename=f"{batch_id}_output.jsonl",
         bytes=size,
         checksum=f"sha256:{digest}",
         status=FileStatus.PROCESSED,
         storage_name=name,
-        expires_at=_expiry(),
+        expires_at=_expiry(now, expires_after_seconds),
         owner=owner,
     )
 

@@ -46,8 +46,10 @@ class FileListCreateView(APIView):
             params = FileUploadInputSerializer(data=request.data)
             params.is_valid(raise_exception=True)
             upload = params.validated_data["file"]
-            file = services.file_upload(upload=upload, purpose=params.validated_data["purpose"],
-                                        owner=request_owner(request))
+            file = services.file_upload(
+                upload=upload, purpose=params.validated_data["purpose"],
+                owner=request_owner(request),
+                expires_after_seconds=params.validated_data.get("expires_after"))
             for handler in _streaming_handlers(request):
                 handler.claim(upload.path)
         finally:

@@ -156,6 +156,18 @@ def test_status_prints_a_summary(stub, capsys):
     assert "file-in" in out
 
 
+def test_status_shows_the_batch_token_usage(stub, capsys):
+    usage = {"input_tokens": 1200, "input_tokens_details": {"cached_tokens": 512},
+             "output_tokens": 300, "output_tokens_details": {"reasoning_tokens": 40},
+             "total_tokens": 1500}
+    stub.on("GET", "/v1/batches/batch_1", Reply(json=make_batch(status="completed",
+                                                                 usage=usage)))
+
+    run(stub, "status", "batch_1")
+
+    assert "tokens       1200 in (512 cached), 300 out (40 reasoning)" in capsys.readouterr().out
+
+
 def test_status_of_a_batch_with_more_bad_lines_than_shown_points_to_the_errors_endpoint(
         stub, capsys):
     errors = {"object": "list", "total": 10_001, "has_more": True, "data": [
