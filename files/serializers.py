@@ -78,9 +78,11 @@ class FileUploadInputSerializer(serializers.Serializer):
 
     def to_internal_value(self, data):
         nested = multipart_nested(data, "expires_after")
-        if nested is not None:
-            data = {"file": data.get("file"), "purpose": data.get("purpose"),
-                    "expires_after": nested}
+        if nested is not None or "expires_after" in data:
+            # A plain dict: DRF reads nested objects of a form only as `a.b` fields,
+            # and would skip a lone `expires_after=3600` instead of refusing it.
+            data = {**{key: data.get(key) for key in ("file", "purpose") if key in data},
+                    "expires_after": nested if nested is not None else data.get("expires_after")}
         return super().to_internal_value(data)
 
 

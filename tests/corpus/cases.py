@@ -374,9 +374,17 @@ GOOD_LINE = generated.chat_line("a") + b"\n"
 
 
 def _upload(filename: str = "in.jsonl", content: bytes = GOOD_LINE,
-            purpose: str | None = "batch") -> Callable[[], bytes]:
+            purpose: str | None = "batch", **extra: str) -> Callable[[], bytes]:
     fields = {"purpose": purpose} if purpose is not None else {}
-    return lambda: multipart(fields=fields, files=[("file", filename, content)])
+    return lambda: multipart(fields={**fields, **extra}, files=[("file", filename, content)])
+
+
+def _expiring(anchor: str | None = "created_at", seconds: str | None = None,
+              **more: str) -> Callable[[], bytes]:
+    """An upload with `expires_after`, in the multipart brackets the openai SDK sends."""
+    fields = {f"expires_after[{key}]": value for key, value in
+              {"anchor": anchor, "seconds": seconds, **more}.items() if value is not None}
+    return _upload(**fields)
 
 
 def _raw(body: bytes) -> Callable[[], bytes]:
@@ -446,6 +454,30 @@ UPLOADS: list[Upload] = [
     Upload("gzip_of_an_empty_file", _upload(content=generated.gzip_of(b"")),
            Refused(400, "compressed_file", "file")),
     Upload("plain_jsonl_named_gz", _upload(filename="in.jsonl.gz"), Stored("in.jsonl.gz")),
+    # expires_after: OpenAI's bounds (an hour to 30 days), its one anchor, integers only.
+    Upload("expires_after_below_an_hour", _expiring(seconds="3599"),
+           Refused(400, "invalid_expires_after", "expires_after.seconds")),
+    Upload("expires_after_over_30_days", _expiring(seconds="2592001"),
+           Refused(400, "invalid_expires_after", "expires_after.seconds")),
+    Upload("expires_after_negative", _expiring(seconds="-3600"),
+           Refused(400, "invalid_expires_after", "expires_after.seconds")),
+    Upload("expires_after_huge", _expiring(seconds="9" * 400),
+           Refused(400, param="expires_after.seconds")),
+    Upload("expires_after_fraction", _expiring(seconds="3600.5"),
+           Refused(400, param="expires_after.seconds")),
+    Upload("expires_after_not_a_number", _expiring(seconds="1h"),
+           Refused(400, param="expires_after.seconds")),
+    Upload("expires_after_without_seconds", _expiring(),
+           Refused(400, "required", "expires_after.seconds")),
+    Upload("expires_after_unknown_anchor", _expiring(anchor="last_active_at", seconds="3600"),
+           Refused(400, param="expires_after.anchor")),
+    Upload("expires_after_anchor_with_nul", _expiring(anchor="created_at\x00",
+                                                      seconds="3600"),
+           Refused(400, param="expires_after.anchor")),
+    Upload("expires_after_unknown_key", _expiring(seconds="3600", days="1"),
+           Refused(400, "invalid_expires_after", "expires_after")),
+    Upload("expires_after_as_a_plain_field", _upload(expires_after="3600"),
+           Refused(400, param="expires_after")),
 ]
 
 
@@ -502,6 +534,30 @@ CREATES: list[CreateBatch] = [
     CreateBatch("endpoint_number", _with_file(endpoint=1), Refused(400, param="endpoint")),
     CreateBatch("completion_window_48h", _with_file(completion_window="48h"),
                 Refused(400, "invalid_choice", "completion_window")),
+    CreateBatch("output_expires_after_below_an_hour",
+                _with_file(output_expires_after={"anchor": "created_at", "seconds": 60}),
+                Refused(400, "invalid_expires_after", "output_expires_after.seconds")),
+    CreateBatch("output_expires_after_over_30_days",
+                _with_file(output_expires_after={"anchor": "created_at", "seconds": 2592001}),
+                Refused(400, "invalid_expires_after", "output_expires_after.seconds")),
+    CreateBatch("output_expires_after_beyond_64_bits",
+                _with_file(output_expires_after={"anchor": "created_at", "seconds": 10**30}),
+                Refused(400, param="output_expires_after.seconds")),
+    CreateBatch("output_expires_after_seconds_as_text",
+                _with_file(output_expires_after={"anchor": "created_at", "seconds": "1 day"}),
+                Refused(400, param="output_expires_after.seconds")),
+    CreateBatch("output_expires_after_seconds_null",
+                _with_file(output_expires_after={"anchor": "created_at", "seconds": None}),
+                Refused(400, "null", "output_expires_after.seconds")),
+    CreateBatch("output_expires_after_unknown_anchor",
+                _with_file(output_expires_after={"anchor": "completed_at", "seconds": 3600}),
+                Refused(400, "invalid_choice", "output_expires_after.anchor")),
+    CreateBatch("output_expires_after_unknown_key",
+                _with_file(output_expires_after={"anchor": "created_at", "seconds": 3600,
+                                                 "after": "completion"}),
+                Refused(400, "invalid_expires_after", "output_expires_after")),
+    CreateBatch("output_expires_after_a_number", _with_file(output_expires_after=3600),
+                Refused(400, param="output_expires_after")),
     CreateBatch("metadata_list", _with_file(metadata=["a"]), Refused(400, "not_a_dict",
                                                                       "metadata")),
     CreateBatch("metadata_nested_value", _with_file(metadata={"k": {"a": 1}}),
