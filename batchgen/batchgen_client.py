@@ -114,16 +114,24 @@ class BatchGenHttpClient:
 
     # -- files -------------------------------------------------------------------------
 
-    def upload_file(self, path: PathLike, purpose: str = "batch") -> dict:
-        """Upload a JSONL file (streamed from disk) and return the File object."""
+    def upload_file(self, path: PathLike, purpose: str = "batch", *,
+                    expires_after_seconds: int | None = None) -> dict:
+        """Upload a JSONL file (streamed from disk) and return the File object.
+        `expires_after_seconds`: the file expires that long after its upload (OpenAI's
+        `expires_after` anchored at `created_at`), instead of the server's default."""
         path = Path(path)
+        fields = {"purpose": purpose}
+        if expires_after_seconds is not None:
+            # The form fields the openai SDK sends for a nested object.
+            fields["expires_after[anchor]"] = "created_at"
+            fields["expires_after[seconds]"] = str(expires_after_seconds)
 
         def attempt() -> httpx.Response:
             # Reopened on every attempt so a retried upload sends the whole file.
             with path.open("rb") as fh:
                 return self._http.post(
                     "/v1/files",
-                    data={"purpose": purpose},
+                    data=fields,
                     files={"file": (path.name, fh, "application/jsonl")},
                 )
 
@@ -178,9 +186,12 @@ class BatchGenHttpClient:
         temperature: float | None = None,
         top_p: float | None = None,
         top_k: int | None = None,
+        *,
+        output_expires_after_seconds: int | None = None,
     ) -> dict:
         """Create a batch over an uploaded file. Optional settings left as None are
-        not sent, so the server defaults apply."""
+        not sent, so the server defaults apply. `output_expires_after_seconds`: the
+        output and error files expire that long after they are created."""
         body = {
             "input_file_id": input_file_id,
             "endpoint": endpoint,
@@ -194,6 +205,9 @@ class BatchGenHttpClient:
                 top_k=top_k,
             ),
         }
+        if output_expires_after_seconds is not None:
+            body["output_expires_after"] = {"anchor": "created_at",
+                                            "seconds": output_expires_after_seconds}
         return self._json("POST", "/v1/batches", json=body)
 
     def get_batch(self, batch_id: str) -> dict:

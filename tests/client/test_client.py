@@ -88,6 +88,27 @@ def test_upload_sends_file_and_purpose_as_multipart(stub, client, tmp_path):
     assert fields["purpose"] == (None, b"batch")
 
 
+def test_upload_sends_expires_after_as_the_openai_sdk_does(stub, client, tmp_path):
+    path = tmp_path / "input.jsonl"
+    path.write_bytes(b'{"custom_id": "1"}\n')
+    stub.on("POST", "/v1/files", Reply(json=make_file()))
+
+    client.upload_file(path, expires_after_seconds=7200)
+
+    fields = stub.requests[0].multipart()
+    assert fields["expires_after[anchor]"] == (None, b"created_at")
+    assert fields["expires_after[seconds]"] == (None, b"7200")
+
+
+def test_create_batch_sends_output_expires_after(stub, client):
+    stub.on("POST", "/v1/batches", Reply(json=make_batch(status="validating")))
+
+    client.create_batch("file-in", output_expires_after_seconds=86400)
+
+    assert stub.requests[0].json()["output_expires_after"] == {"anchor": "created_at",
+                                                               "seconds": 86400}
+
+
 def test_upload_streams_the_file_in_chunks(stub, client, tmp_path, monkeypatch):
     path = tmp_path / "big.jsonl"
     data = b"x" * (1024 * 1024)

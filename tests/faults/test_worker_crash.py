@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 
 import psutil
@@ -38,3 +39,9 @@ def test_sigkilled_worker_leaves_each_custom_id_exactly_once(start_server):
     assert_each_custom_id_once(api, done, request_ids(10_000))
     assert done["request_counts"] == {"total": 10_000, "completed": 10_000, "failed": 0}
     assert "restarting" in server.log(tail=100_000)
+    # Usage is exact despite results written by killed workers and never flushed.
+    bodies = [json.loads(raw)["response"]["body"]
+              for raw in api.content(done["output_file_id"]).splitlines()]
+    assert done["usage"]["input_tokens"] == sum(b["usage"]["prompt_tokens"] for b in bodies)
+    assert done["usage"]["output_tokens"] == sum(b["usage"]["completion_tokens"]
+                                                 for b in bodies)
