@@ -81,6 +81,14 @@ def test_real_engine_chat_and_completions(start_server, model_dir):
         assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
     assert "paris" in first["chat-0"]["response"]["body"]["choices"][0]["message"][
         "content"].lower()
+    # The batch's usage is the sum over its output lines (the failed line has none).
+    bodies = [line["response"]["body"] for line in first.values() if line["response"]]
+    assert batch["usage"]["input_tokens"] == sum(b["usage"]["prompt_tokens"] for b in bodies)
+    assert batch["usage"]["output_tokens"] == sum(b["usage"]["completion_tokens"]
+                                                  for b in bodies)
+    assert batch["usage"]["input_tokens_details"]["cached_tokens"] == sum(
+        (b["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        for b in bodies)
 
     # Greedy decoding by default: a second run gives identical text.
     second, _ = run_batch(api, chat_input(long_prompt), "/v1/chat/completions")

@@ -40,7 +40,8 @@ def make_batch(upload, published, settings, django_capture_on_commit_callbacks):
 
 def result_line(custom_id: str) -> bytes:
     return (b'{"id":"batch_req_x","custom_id":"%s","response":{"status_code":200,'
-            b'"body":{}},"error":null}\n' % custom_id.encode())
+            b'"body":{"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}},'
+            b'"error":null}\n' % custom_id.encode())
 
 
 @pytest.fixture

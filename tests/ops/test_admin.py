@@ -125,6 +125,8 @@ def test_batch_detail_shows_timestamps_parameters_files_errors_and_output_tail(
     for label in ("Created at", "In progress at", "Finalizing at", "Completed at", "Expires at"):
         assert label in page
     assert "2 done" in page and "view chunks" in page
+    assert batch.usage_input_tokens == 4 * 5  # four result lines of 5 prompt tokens
+    assert "Usage input tokens" in page and ">20<" in page
     assert "req-3" in page  # the incremental file's last lines
     assert "Cancel batch" not in page  # finished: nothing to cancel
 
