@@ -206,15 +206,18 @@ def test_every_limit_is_read_from_the_environment(tmp_path):
            "BATCHGEN_MAX_UPLOAD_BYTES": "11", "BATCHGEN_MAX_LINE_BYTES": "12",
            "BATCHGEN_MAX_REQUESTS_PER_BATCH": "13", "BATCHGEN_MAX_METADATA_KEYS": "14",
            "BATCHGEN_MAX_METADATA_KEY_CHARS": "15", "BATCHGEN_MAX_METADATA_VALUE_CHARS": "16",
-           "BATCHGEN_MAX_REQUEST_BODY_BYTES": "17"}
+           "BATCHGEN_MAX_REQUEST_BODY_BYTES": "17", "BATCHGEN_MIN_FILE_EXPIRY_SECONDS": "18",
+           "BATCHGEN_MAX_FILE_EXPIRY_SECONDS": "19"}
     names = ["BATCHGEN_MAX_UPLOAD_BYTES", "BATCHGEN_MAX_LINE_BYTES",
              "BATCHGEN_MAX_REQUESTS_PER_BATCH", "BATCHGEN_MAX_METADATA_KEYS",
              "BATCHGEN_MAX_METADATA_KEY_CHARS", "BATCHGEN_MAX_METADATA_VALUE_CHARS",
-             "BATCHGEN_MAX_REQUEST_BODY_BYTES", "DATA_UPLOAD_MAX_MEMORY_SIZE"]
+             "BATCHGEN_MAX_REQUEST_BODY_BYTES", "DATA_UPLOAD_MAX_MEMORY_SIZE",
+             "BATCHGEN_MIN_FILE_EXPIRY_SECONDS", "BATCHGEN_MAX_FILE_EXPIRY_SECONDS"]
     script = ("import json; from django.conf import settings; "
               f"print(json.dumps([getattr(settings, n) for n in {names!r}]))")
 
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=60, check=True)
 
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == [11, 12, 13, 14, 15, 16, 17, 17]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == [11, 12, 13, 14, 15, 16, 17, 17,
+                                                                18, 19]
