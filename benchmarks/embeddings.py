@@ -45,6 +45,7 @@ from engine import (  # noqa: E402
     CPU_KV_CACHE_BYTES,
     TEMPLATES,
     TOPICS,
+    answered,
     load_avg,
     run_batchgen,
     run_vllm_batch,
@@ -72,22 +73,14 @@ def write_input(path: Path, count: int) -> None:
 
 
 def read_embeddings(lines: list[bytes]) -> dict:
-    inputs = prompt = errors = 0
+    inputs = prompt = 0
     vectors = {}
-    for line in lines:
-        if not line.strip():
-            continue
-        item = json.loads(line)
-        response = item.get("response")
-        if not response or item.get("error") or response.get("status_code") != 200:
-            errors += 1
-            continue
-        body = response["body"]
+    bodies, errors = answered(lines)
+    for custom_id, body in bodies:
         inputs += len(body["data"])
         prompt += body["usage"]["prompt_tokens"]
-        number = int(item["custom_id"].removeprefix("emb-"))
-        if number < COMPARED:
-            vectors[item["custom_id"]] = body["data"][0]["embedding"]
+        if int(custom_id.removeprefix("emb-")) < COMPARED:
+            vectors[custom_id] = body["data"][0]["embedding"]
     return {"inputs": inputs, "prompt_tokens": prompt, "errors": errors, "vectors": vectors}
 
 

@@ -98,9 +98,10 @@ def write_input(path: Path, count: int, *, max_tokens: int, model: str) -> None:
                                  "body": body}) + "\n")
 
 
-def read_usage(lines: list[bytes]) -> dict:
-    completion = prompt = errors = 0
-    texts = {}
+def answered(lines: list[bytes]) -> tuple[list[tuple[str, dict]], int]:
+    """The output lines' (custom_id, response body) for answered requests, and how
+    many lines were errors."""
+    bodies, errors = [], 0
     for line in lines:
         if not line.strip():
             continue
@@ -109,10 +110,18 @@ def read_usage(lines: list[bytes]) -> dict:
         if not response or item.get("error") or response.get("status_code") != 200:
             errors += 1
             continue
-        body = response["body"]
+        bodies.append((item["custom_id"], response["body"]))
+    return bodies, errors
+
+
+def read_usage(lines: list[bytes]) -> dict:
+    completion = prompt = 0
+    texts = {}
+    bodies, errors = answered(lines)
+    for custom_id, body in bodies:
         completion += body["usage"]["completion_tokens"]
         prompt += body["usage"]["prompt_tokens"]
-        texts[item["custom_id"]] = body["choices"][0]["message"]["content"]
+        texts[custom_id] = body["choices"][0]["message"]["content"]
     return {"completion_tokens": completion, "prompt_tokens": prompt, "errors": errors,
             "texts": texts}
 
