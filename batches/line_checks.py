@@ -26,7 +26,6 @@ def shown(value: Any, limit: int = 80) -> str:
 # actually has are looked at, so a typical line costs one set intersection.
 SAMPLING_RULES: dict[str, tuple[Any, str]] = {
     **{key: (bound.admits, bound.must) for key, bound in SAMPLING_BOUNDS.items()},
-    "n": (lambda v: v == 1 and not isinstance(v, bool), "must be 1"),
     "stream": (lambda v: v is False, "must be false: streaming is not available in a batch"),
 }
 _SAMPLING_KEYS = SAMPLING_RULES.keys()
@@ -41,3 +40,35 @@ def check_sampling(values: dict[str, Any], *, prefix: str = "") -> None:
         valid, must = SAMPLING_RULES[key]
         if not valid(value):
             raise LineError("invalid_body", f"{prefix}{key} {must}.", f"{prefix}{key}")
+
+
+# OpenAI's structured-output formats; vLLM's guided decoding runs them.
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+
+
+def check_response_format(body: dict[str, Any]) -> None:
+    """`response_format`, as OpenAI's schema has it. Whether the JSON schema itself
+    is one the engine can follow is the engine's verdict, per line."""
+    value = body.get("response_format")
+    if value is None:
+        return
+    if not isinstance(value, dict) or value.get("type") not in RESPONSE_FORMATS:
+        raise LineError("invalid_body", "body.response_format must be an object whose type "
+                        "is \"text\", \"json_object\" or \"json_schema\".",
+                        "body.response_format")
+    if value["type"] != "json_schema":
+        return
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise LineError("invalid_body", "body.response_format.json_schema must be an object "
+                        "with a name (a string) and a schema.",
+                        "body.response_format.json_schema")
+    if spec.get("schema") is not None and not isinstance(spec["schema"], dict):
+        raise LineError("invalid_body", "body.response_format.json_schema.schema must be a "
+                        "JSON schema (an object).", "body.response_format.json_schema.schema")
+
+
+def check_flag(body: dict[str, Any], key: str) -> None:
+    value = body.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise LineError("invalid_body", f"body.{key} must be true or false.", f"body.{key}")

@@ -69,6 +69,31 @@ class ToolMessage(_Message, tag="tool"):
 Message = SystemMessage | DeveloperMessage | UserMessage | AssistantMessage | ToolMessage
 
 
+# --- structured output: OpenAI's response_format, a tagged union on `type` ------------------
+
+
+class TextFormat(msgspec.Struct, tag_field="type", tag="text"):
+    pass
+
+
+class JsonObjectFormat(msgspec.Struct, tag_field="type", tag="json_object"):
+    pass
+
+
+class JsonSchemaSpec(msgspec.Struct, kw_only=True):
+    name: str
+    schema: dict[str, Any] | None = None
+    description: str | None = None
+    strict: bool | None = None
+
+
+class JsonSchemaFormat(msgspec.Struct, tag_field="type", tag="json_schema"):
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
+
+
 # --- bodies: the sampling fields come from the one table of bounds -------------------------
 
 
@@ -85,8 +110,8 @@ Body = msgspec.defstruct(
     "Body",
     [("model", Annotated[str, msgspec.Meta(min_length=1)]),
      *[(name, _bounded(bound) | None, None) for name, bound in SAMPLING_BOUNDS.items()],
-     ("n", Literal[1] | None, None),
-     ("stream", Literal[False] | None, None)],
+     ("stream", Literal[False] | None, None),
+     ("response_format", ResponseFormat | None, None)],
     kw_only=True,
     module=__name__,
 )

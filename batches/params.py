@@ -20,6 +20,7 @@ from typing import Any
 SAMPLING_KEYS = ("temperature", "top_p", "top_k")
 GREEDY_TEMPERATURE = 0.0
 INT64_MAX = 2**63 - 1
+MAX_CHOICES = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +67,8 @@ SAMPLING_BOUNDS: dict[str, Bound] = {
     "frequency_penalty": Bound(integer=False, low=-2, high=2),
     "top_logprobs": Bound(integer=True, low=0, high=20),
     "seed": Bound(integer=True, low=-INT64_MAX - 1),
+    # Choices per request: OpenAI's ceiling. vLLM samples them from one prompt.
+    "n": Bound(integer=True, low=1, high=MAX_CHOICES),
 }
 
 

@@ -17,6 +17,7 @@ from batchgen._version import __version__
 from batchgen.batchgen_client import (
     DEFAULT_BASE_URL,
     DEFAULT_ENDPOINT,
+    ENDPOINTS,
     FAILED_STATUSES,
     TERMINAL_STATUSES,
     BatchGenHttpClient,
@@ -60,7 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("submit", cmd_submit, "upload a JSONL file, run it as a batch, fetch results")
     p.add_argument("input", help="input JSONL file")
     p.add_argument("-o", "--output", help="where to write the results (JSONL)")
-    p.add_argument("--endpoint", default=DEFAULT_ENDPOINT, help=f"default {DEFAULT_ENDPOINT}")
+    # Not argparse choices: the server names what its model serves, and says why
+    # when it refuses one (400 unsupported_endpoint).
+    p.add_argument("--endpoint", default=DEFAULT_ENDPOINT,
+                   help=f"the url of every line: {', '.join(ENDPOINTS)} "
+                        f"(default {DEFAULT_ENDPOINT}); /v1/embeddings needs an embedding "
+                        "model on the server")
     p.add_argument("--max-decoding-length", type=_positive_int, metavar="N")
     p.add_argument("--max-context-length", type=_positive_int, metavar="N")
     p.add_argument("--temperature", type=float)

@@ -42,6 +42,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -97,9 +98,10 @@ def write_input(path: Path, count: int, *, max_tokens: int, model: str) -> None:
                                  "body": body}) + "\n")
 
 
-def read_usage(lines: list[bytes]) -> dict:
-    completion = prompt = errors = 0
-    texts = {}
+def answered(lines: list[bytes]) -> tuple[list[tuple[str, dict]], int]:
+    """The output lines' (custom_id, response body) for answered requests, and how
+    many lines were errors."""
+    bodies, errors = [], 0
     for line in lines:
         if not line.strip():
             continue
@@ -108,10 +110,18 @@ def read_usage(lines: list[bytes]) -> dict:
         if not response or item.get("error") or response.get("status_code") != 200:
             errors += 1
             continue
-        body = response["body"]
+        bodies.append((item["custom_id"], response["body"]))
+    return bodies, errors
+
+
+def read_usage(lines: list[bytes]) -> dict:
+    completion = prompt = 0
+    texts = {}
+    bodies, errors = answered(lines)
+    for custom_id, body in bodies:
         completion += body["usage"]["completion_tokens"]
         prompt += body["usage"]["prompt_tokens"]
-        texts[item["custom_id"]] = body["choices"][0]["message"]["content"]
+        texts[custom_id] = body["choices"][0]["message"]["content"]
     return {"completion_tokens": completion, "prompt_tokens": prompt, "errors": errors,
             "texts": texts}
 
@@ -204,13 +214,16 @@ def run_raw(input_path: Path, model: str, work: Path, timeout: float) -> dict:
 # --- 2. vLLM's run_batch --------------------------------------------------------------
 
 
-def run_vllm_batch(input_path: Path, model: str, work: Path, timeout: float) -> dict:
+def run_vllm_batch(input_path: Path, model: str, work: Path, timeout: float, *,
+                   flags: dict[str, str | None] = ENGINE_FLAGS,
+                   read: Callable[[list[bytes]], dict] = read_usage) -> dict:
+    """`flags`: run_batch's engine settings; `read`: what the output lines gave."""
     out = work / "run_batch-out.jsonl"
     out.unlink(missing_ok=True)  # its appearance marks the end of the run
     log = work / "run_batch.log"
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(input_path),
             "-o", str(out), "--model", model]
-    for flag, value in ENGINE_FLAGS.items():
+    for flag, value in flags.items():
         argv += [flag] if value is None else [flag, value]
     env = {**os.environ, "VLLM_NO_USAGE_STATS": "1"}
     marks: dict[str, float] = {}
@@ -251,7 +264,7 @@ def run_vllm_batch(input_path: Path, model: str, work: Path, timeout: float) -> 
         raise RuntimeError(f"run_batch failed ({process.returncode}); see {log}:\n"
                            + log.read_text(errors="replace")[-3000:])
     written = out.stat().st_mtime
-    usage = read_usage(out.read_bytes().splitlines())
+    usage = read(out.read_bytes().splitlines())
     return {"startup_s": marks["reading"] - started, "run_s": written - marks["reading"],
             "shutdown_s": ended - written, "process_s": ended - started,
             "cpu_seconds": cpu_delta(cpu.get("after", {}), cpu.get("before", {})),
@@ -263,7 +276,9 @@ def run_vllm_batch(input_path: Path, model: str, work: Path, timeout: float) -> 
 
 
 def run_batchgen(input_path: Path, model: str, work: Path, timeout: float, *,
-                 engine_args: str | None = None, name: str = "storage") -> dict:
+                 engine_args: str | None = None, name: str = "storage",
+                 endpoint: str = CHAT,
+                 read: Callable[[list[bytes]], dict] = read_usage) -> dict:
     env = {"BATCHGEN_MODEL": model}
     if engine_args:
         env["BATCHGEN_ENGINE_ARGS"] = engine_args
@@ -280,7 +295,8 @@ def run_batchgen(input_path: Path, model: str, work: Path, timeout: float, *,
                              files={"file": (input_path.name, fh, "application/jsonl")})
         file.raise_for_status()
         batch = http.post("/v1/batches", json={"input_file_id": file.json()["id"],
-                                               "endpoint": CHAT, "completion_window": "24h"})
+                                               "endpoint": endpoint,
+                                               "completion_window": "24h"})
         batch.raise_for_status()
         batch = batch.json()
         deadline = time.monotonic() + timeout
@@ -297,7 +313,7 @@ def run_batchgen(input_path: Path, model: str, work: Path, timeout: float, *,
         cpu = cpu_delta(server_cpu_seconds(server), cpu_before)
         busy = round(machine_busy() - busy_before, 1)
         timeline = server_timeline(storage, batch["id"])
-    usage = read_usage(content.content.splitlines())
+    usage = read(content.content.splitlines())
     return {"startup_s": startup, "run_s": run, "server_timeline": timeline,
             "cpu_seconds": cpu, "machine_busy_cpu_s": busy, "noise_before_run": noise,
             "request_counts": batch["request_counts"], "engine_args": engine_args, **usage}

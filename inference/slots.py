@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 
 from batches.endpoints import endpoint_spec
+from batches.endpoints.base import choice_count
 from inference.engines.base import EngineRequest
 
 CHARS_PER_TOKEN = 4  # a cheap, slightly generous estimate for English text
@@ -25,9 +26,11 @@ def estimate_tokens(request: EngineRequest) -> int:
     body = request.body
     spec = endpoint_spec(request.endpoint)
     chars = spec.prompt_chars(body)
-    output = (body.get("max_completion_tokens") or body.get("max_tokens")
-              or DEFAULT_OUTPUT_ESTIMATE) if spec.generates else 0
-    return chars // CHARS_PER_TOKEN + 1 + output
+    if not spec.generates:
+        return chars // CHARS_PER_TOKEN + 1
+    # Each of the n choices holds its own output; the prompt's blocks are shared.
+    output = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_OUTPUT_ESTIMATE
+    return chars // CHARS_PER_TOKEN + 1 + output * choice_count(body)
 
 
 class SlotPool:

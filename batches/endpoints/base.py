@@ -102,6 +102,11 @@ def endpoint_spec(url: str) -> EndpointSpec:
         raise ValueError(f"unknown endpoint {url!r}") from None
 
 
+def choice_count(body: dict[str, Any]) -> int:
+    """How many choices a request asks for (`n`, 1 when unset)."""
+    return body.get("n") or 1
+
+
 def choices_with_defaults(body: dict[str, Any]) -> dict[str, Any]:
     """Every choice carries finish_reason and logprobs, null when the engine left
     them out (the API contract's shape)."""

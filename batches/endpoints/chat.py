@@ -9,15 +9,23 @@ import msgspec
 from batches.endpoints.base import (
     PREFIX_CHARS,
     EndpointSpec,
+    choice_count,
     choices_with_defaults,
     register,
 )
-from batches.line_checks import LineError, check_sampling, shown
+from batches.line_checks import (
+    LineError,
+    check_flag,
+    check_response_format,
+    check_sampling,
+    shown,
+)
 from batches.line_schema import Body, CustomId, Message
 
 
 class ChatBody(Body, kw_only=True):
     messages: Annotated[list[Message], msgspec.Meta(min_length=1)]
+    logprobs: bool | None = None  # chat's is a flag; top_logprobs says how many
 
 
 class ChatLine(msgspec.Struct):
@@ -99,6 +107,8 @@ class ChatCompletions(EndpointSpec):
         for index, message in enumerate(messages):
             check_message(message, where=f"body.messages[{index}]")
         check_sampling(body, prefix="body.")
+        check_flag(body, "logprobs")
+        check_response_format(body)
 
     def prefix_key_of_line(self, line: ChatLine) -> int:
         messages = line.body.messages
@@ -142,9 +152,10 @@ class ChatCompletions(EndpointSpec):
         return {
             "id": f"chatcmpl-{request_id}", "object": "chat.completion",
             "created": created, "model": model,
-            "choices": [{"index": 0, "message": {
+            "choices": [{"index": index, "message": {
                 "role": "assistant", "content": text, "reasoning_content": None,
-                "tool_calls": []}, "logprobs": None, "finish_reason": finish_reason}],
+                "tool_calls": []}, "logprobs": None, "finish_reason": finish_reason}
+                for index in range(choice_count(request_body))],
             "usage": usage,
         }
 

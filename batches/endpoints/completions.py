@@ -8,16 +8,23 @@ import msgspec
 
 from batches.endpoints.base import (
     EndpointSpec,
+    choice_count,
     choices_with_defaults,
     register,
     text_prefix_key,
 )
-from batches.line_checks import LineError, check_sampling
+from batches.line_checks import LineError, check_response_format, check_sampling
 from batches.line_schema import Body, CustomId, Int64
+from batches.params import SAMPLING_BOUNDS, Bound
+
+# Completions' logprobs is a count (the most likely tokens at each step), up to
+# what vLLM returns by default (its max_logprobs).
+LOGPROBS = Bound(integer=True, low=0, high=SAMPLING_BOUNDS["top_logprobs"].high)
 
 
 class CompletionBody(Body, kw_only=True):
     prompt: str | Annotated[list[str | Int64], msgspec.Meta(min_length=1)]
+    logprobs: Annotated[int, msgspec.Meta(ge=LOGPROBS.low, le=LOGPROBS.high)] | None = None
 
 
 class CompletionLine(msgspec.Struct):
@@ -45,6 +52,10 @@ class Completions(EndpointSpec):
             raise LineError("invalid_body",
                             "body.prompt must be a string or a non-empty list.", "body.prompt")
         check_sampling(body, prefix="body.")
+        logprobs = body.get("logprobs")
+        if logprobs is not None and not LOGPROBS.admits(logprobs):
+            raise LineError("invalid_body", f"body.logprobs {LOGPROBS.must}.", "body.logprobs")
+        check_response_format(body)
 
     def prefix_key_of_line(self, line: CompletionLine) -> int:
         return text_prefix_key(line.body.prompt)
@@ -66,8 +77,9 @@ class Completions(EndpointSpec):
         return {
             "id": f"cmpl-{request_id}", "object": "text_completion",
             "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None,
-                         "finish_reason": finish_reason}],
+            "choices": [{"index": index, "text": text, "logprobs": None,
+                         "finish_reason": finish_reason}
+                        for index in range(choice_count(request_body))],
             "usage": usage,
         }
 

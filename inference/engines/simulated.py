@@ -9,6 +9,7 @@ import hashlib
 import time
 
 from batches.endpoints import endpoint_spec
+from batches.endpoints.base import choice_count
 from inference.engines.base import Engine, EngineRequest, EngineResult
 from inference.engines.registry import SIMULATED_CONTEXT
 
@@ -41,8 +42,10 @@ class SimulatedEngine(Engine):
         completion_tokens = min(len(words), limit)
         text = " ".join(words[:completion_tokens])
         finish_reason = "length" if completion_tokens < len(words) else "stop"
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                 "total_tokens": prompt_tokens + completion_tokens}
+        # With n choices, usage sums them (as vLLM's does).
+        all_completions = completion_tokens * choice_count(request.body)
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": all_completions,
+                 "total_tokens": prompt_tokens + all_completions}
         body = spec.simulated_body(request_id=request.request_id,
                                    model=self.config.served_model_name,
                                    created=int(time.time()), text=text,

@@ -28,6 +28,7 @@ from typing import Any
 
 import orjson
 import pydantic
+from vllm.config import StructuredOutputsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.openai.chat_completion.protocol import (
     ChatCompletionRequest,
@@ -64,8 +65,8 @@ from inference.engines.base import (
 
 logger = logging.getLogger(__name__)
 
-# A batch line is one full answer: no streaming, one choice.
-_ONE_FULL_ANSWER = {"stream": False, "stream_options": None, "n": 1}
+# A batch line is one full answer: no streaming (its n choices come together).
+_ONE_FULL_ANSWER = {"stream": False, "stream_options": None}
 NOT_GENERATIVE = "model {!r} is an embedding model: it serves embeddings only"
 # KV cache on CPU: about 23k tokens of SmolLM2-135M in float32 (45 KiB a token), so
 # one full 8k context plus many short requests. VLLM_CPU_KVCACHE_SPACE (GiB) or
@@ -184,6 +185,12 @@ class VllmEngine(Engine):
             # Batch requests often share a system prompt or few-shot prefix: vLLM's
             # default turns prefix caching on for every model that supports it
             # (generative decoders), and off for embedding models, which cannot.
+            # response_format's JSON is compact: measured with SmolLM2, a grammar that
+            # lets the model emit whitespace between fields gets newlines until the
+            # token limit, so the output never closes. xgrammar is the backend vLLM's
+            # "auto" picks first; only it and guidance can forbid the whitespace.
+            "structured_outputs_config": StructuredOutputsConfig(
+                backend="xgrammar", disable_any_whitespace=True),
         }
         if config.max_context_length is not None:
             kwargs["max_model_len"] = config.max_context_length

@@ -125,7 +125,8 @@ BAD_CHAT_LINES = [
                  id="max-tokens-bool"),
     pytest.param(chat_with(max_completion_tokens=-1), "invalid_body",
                  "body.max_completion_tokens", id="max-completion-tokens-negative"),
-    pytest.param(chat_with(n=3), "invalid_body", "body.n", id="n-3"),
+    pytest.param(chat_with(n=129), "invalid_body", "body.n", id="n-over-128"),
+    pytest.param(chat_with(n=0), "invalid_body", "body.n", id="n-0"),
     pytest.param(chat_with(stream=True), "invalid_body", "body.stream", id="stream"),
 ]
 

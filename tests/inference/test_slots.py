@@ -79,3 +79,14 @@ def test_estimate_counts_prompt_and_output_limit():
     assert 100 <= estimate_tokens(chat) - 50 <= 110
     open_ended = EngineRequest("r", "c", "/v1/completions", {"prompt": "y" * 40})
     assert estimate_tokens(open_ended) == 11 + DEFAULT_OUTPUT_ESTIMATE
+
+
+def test_estimate_counts_the_output_of_each_of_n_choices():
+    from inference.engines.base import EngineRequest
+    from inference.slots import estimate_tokens
+
+    body = {"messages": [{"role": "user", "content": "x" * 400}], "max_completion_tokens": 50}
+    one = estimate_tokens(EngineRequest("r", "c", "/v1/chat/completions", body))
+    four = estimate_tokens(EngineRequest("r", "c", "/v1/chat/completions", {**body, "n": 4}))
+
+    assert four - one == 3 * 50
