@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.conf import settings
 from rest_framework import serializers
 
+from batches.endpoints import NOT_BATCHED
 from batches.models import ERRORS_SHOWN, Batch, Endpoint
 from batches.params import SAMPLING_BOUNDS
 from batches.usage import USAGE_COLUMNS, Usage
@@ -65,14 +66,6 @@ def _above(name: str, low: float):
     return check
 
 
-# Batch endpoints of OpenAI's that BatchGen refuses at create, and why.
-NOT_BATCHED = {
-    "/v1/responses": (
-        "BatchGen does not run /v1/responses batches yet (vLLM's own batch runner "
-        "does not either); send the same requests as /v1/chat/completions lines."),
-}
-
-
 class BatchCreateInputSerializer(serializers.Serializer):
     input_file_id = serializers.CharField(max_length=64)
     endpoint = serializers.ChoiceField(choices=Endpoint.values, default=Endpoint.CHAT.value)
@@ -125,8 +118,8 @@ class BatchCreateInputSerializer(serializers.Serializer):
     def to_internal_value(self, data):
         # An endpoint OpenAI's Batch API takes but BatchGen does not gets its own
         # code and reason, not "not a valid choice".
-        if isinstance(data, dict) and data.get("endpoint") in NOT_BATCHED:
-            endpoint = data["endpoint"]
+        endpoint = data.get("endpoint") if isinstance(data, dict) else None
+        if isinstance(endpoint, str) and endpoint in NOT_BATCHED:
             raise serializers.ValidationError({"endpoint": [serializers.ErrorDetail(
                 NOT_BATCHED[endpoint], code="unsupported_endpoint")]})
         return super().to_internal_value(data)

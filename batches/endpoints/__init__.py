@@ -3,6 +3,6 @@ says what a spec holds). Adding an endpoint: a module here, its import below, an
 engines' serve_<name> method (docs/architecture.md, "Adding an endpoint")."""
 
 from batches.endpoints import chat, completions, embeddings  # noqa: F401 - each registers
-from batches.endpoints.base import ENDPOINTS, EndpointSpec, endpoint_spec
+from batches.endpoints.base import ENDPOINTS, NOT_BATCHED, EndpointSpec, endpoint_spec
 
-__all__ = ["ENDPOINTS", "EndpointSpec", "endpoint_spec"]
+__all__ = ["ENDPOINTS", "NOT_BATCHED", "EndpointSpec", "endpoint_spec"]

@@ -85,6 +85,12 @@ class EndpointSpec:
 
 
 ENDPOINTS: dict[str, EndpointSpec] = {}
+# Batch endpoints of OpenAI's that BatchGen refuses at create, and why.
+NOT_BATCHED = {
+    "/v1/responses": (
+        "BatchGen does not run /v1/responses batches yet (vLLM's own batch runner "
+        "does not either); send the same requests as /v1/chat/completions lines."),
+}
 
 
 def register(spec_class: type[EndpointSpec]) -> type[EndpointSpec]:

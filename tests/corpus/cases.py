@@ -540,6 +540,11 @@ CREATES: list[CreateBatch] = [
     CreateBatch("endpoint_responses", _with_file(endpoint="/v1/responses"),
                 Refused(400, "unsupported_endpoint", "endpoint")),
     CreateBatch("endpoint_number", _with_file(endpoint=1), Refused(400, param="endpoint")),
+    # An object or list where the endpoint goes (schema fuzzing found the 500).
+    CreateBatch("endpoint_object", _with_file(endpoint={"url": "/v1/responses"}),
+                Refused(400, param="endpoint")),
+    CreateBatch("endpoint_list", _with_file(endpoint=["/v1/responses"]),
+                Refused(400, param="endpoint")),
     CreateBatch("completion_window_48h", _with_file(completion_window="48h"),
                 Refused(400, "invalid_choice", "completion_window")),
     CreateBatch("output_expires_after_below_an_hour",
