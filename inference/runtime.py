@@ -68,14 +68,20 @@ _CANCELLED = object()
 
 
 def engine_config_from_settings() -> EngineConfig:
-    """The configured engine's config: the settings every engine reads, then those
-    its spec names (inference/engines/registry.py)."""
-    from inference.model_info import served_model
+    """The config of this worker's engine: its model (BATCHGEN_WORKER_MODEL, else
+    the default), the settings every engine reads, then those its spec names
+    (inference/engines/registry.py)."""
+    from inference.model_info import model_by_id, served_model
 
     model = served_model()
+    if settings.BATCHGEN_WORKER_MODEL:
+        model = model_by_id(settings.BATCHGEN_WORKER_MODEL)
+        if model is None:
+            raise RuntimeError(f"BATCHGEN_WORKER_MODEL={settings.BATCHGEN_WORKER_MODEL!r} "
+                               "is not a served model (BATCHGEN_MODELS)")
     return EngineConfig(
         engine=model.engine,
-        model=settings.BATCHGEN_MODEL,
+        model=model.path,
         served_model_name=model.id,
         max_context_length=settings.BATCHGEN_MAX_CONTEXT_LENGTH,
         token_budget=settings.BATCHGEN_TOKEN_BUDGET,
