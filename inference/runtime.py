@@ -257,7 +257,10 @@ class InferenceRuntime:
             self.ledger.release(work.chunk_id).result()
             return f"chunk {work.batch_id}#{work.index}: released, worker stopping"
         status = self.ledger.close(work.chunk_id).result()
-        return (f"chunk {work.batch_id}#{work.index}: {status or 'lost'}, {run.completed} "
+        # Which worker and model ran it: with several models, the log shows each
+        # worker answering its own model only.
+        return (f"chunk {work.batch_id}#{work.index} on {self.name} for model "
+                f"{self.config.served_model_name}: {status or 'lost'}, {run.completed} "
                 f"completed, {run.failed} failed")
 
     def _run_chunk(self, work: ChunkWork) -> ChunkRun:
