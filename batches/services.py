@@ -178,7 +178,7 @@ def batch_validate(*, batch_id: str) -> Batch:
             max_line_bytes=settings.BATCHGEN_MAX_LINE_BYTES,
             max_requests=settings.BATCHGEN_MAX_REQUESTS_PER_BATCH,
             order_path=order_path,
-            models=[model.id for model in served_models()],
+            models=[model.id for model in served_models() if batch.endpoint in model.endpoints],
         )
     except OSError as exc:
         if not is_storage_full(exc):

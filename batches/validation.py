@@ -119,10 +119,11 @@ def check_body(body: dict[str, Any], *, endpoint: str) -> None:
     endpoint_spec(endpoint).check_body(body)
 
 
-def model_not_found(model: str, served: Collection[str]) -> LineError:
+def model_not_found(model: str, served: Collection[str], endpoint: str) -> LineError:
     return LineError("model_not_found",
-                     f"The model {model!r} is not served here; this server serves "
-                     f"{', '.join(repr(name) for name in served)}.", "body.model")
+                     f"The model {model!r} is not served here for {endpoint}; the models "
+                     f"that serve it: {', '.join(repr(name) for name in served)}.",
+                     "body.model")
 
 
 def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes: int,
@@ -131,8 +132,9 @@ def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes:
     """Check every line once and cut the valid requests into chunks: byte ranges of
     the input, or, with `order_path`, ranges of an order file that groups requests
     sharing a prompt prefix (batches/chunking.py). Each chunk holds one model's
-    requests; with `models` (the served ids), a line naming another model is refused
-    with model_not_found, never answered by a model it did not name."""
+    requests; with `models` (the ids of the served models that serve `endpoint`), a
+    line naming another model is refused with model_not_found, never answered by a
+    model it did not name."""
     report = ValidationReport()
     chunker = (PrefixGroupingChunker(chunk_size, endpoint, order_path)
                if order_path is not None else ContiguousChunker(chunk_size, endpoint))
@@ -183,7 +185,7 @@ def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes:
                     model = item["body"]["model"]
                     key = spec.prefix_key(item["body"]) if grouped else 0
                 if models is not None and model not in models:
-                    error = model_not_found(model, models)
+                    error = model_not_found(model, models, endpoint)
                     report.add_error(line_number, error.code, error.message, error.param)
                     continue
                 digest = hash(custom_id)

@@ -66,6 +66,11 @@ def _model_info(*, name: str | None, path: Path, engine_name: str) -> ModelInfo:
     if config.exists():
         data = json.loads(config.read_text())
         context = data.get("max_position_embeddings") or data.get("max_seq_len")
+    # A sentence-transformers model embeds at most its max_seq_length tokens, and
+    # vLLM takes that as the model's length (all-MiniLM-L6-v2: 256 of 512 positions).
+    sentence = path / "sentence_bert_config.json"
+    if sentence.exists():
+        context = json.loads(sentence.read_text()).get("max_seq_length") or context
     if name is None:  # the one-model form: the folder's name, as the engine shows it
         name = f"{path.name or str(path)}{engine.model_suffix}"
     context = context or engine.default_context

@@ -83,7 +83,11 @@ def engine_config_from_settings() -> EngineConfig:
         engine=model.engine,
         model=model.path,
         served_model_name=model.id,
-        max_context_length=settings.BATCHGEN_MAX_CONTEXT_LENGTH,
+        # The server's cap, but never above this model's own length (with several
+        # models one cap may exceed a small one's, which vLLM would refuse).
+        max_context_length=(min(settings.BATCHGEN_MAX_CONTEXT_LENGTH, model.max_context_length)
+                            if settings.BATCHGEN_MAX_CONTEXT_LENGTH and model.max_context_length
+                            else settings.BATCHGEN_MAX_CONTEXT_LENGTH),
         token_budget=settings.BATCHGEN_TOKEN_BUDGET,
         **engine_spec(model.engine).config_options(settings),
     )
