@@ -54,8 +54,9 @@ def _consume_own_model_queue(app) -> None:
     from inference.model_info import served_model
 
     model = settings.BATCHGEN_WORKER_MODEL or served_model().id
-    queues.select_remove(QueueName.INFERENCE.value)
-    queues.select_add(inference_queue(model))
+    # queues[name] declares it as the publisher does (exchange and routing key of its name).
+    queues.select_add(queues[inference_queue(model)])
+    queues.deselect(QueueName.INFERENCE.value)
     logger.info("inference worker: model %s, queue %s", model, inference_queue(model))
 
 
