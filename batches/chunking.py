@@ -11,6 +11,10 @@ is then a range of that file. Windows bound the memory: a window holds a few ten
 thousands of small tuples, never request bodies. Per-request results do not change:
 order in the output was never guaranteed, and each line still carries its custom_id.
 Each endpoint's spec says what a request's prefix key is (batches/endpoints/).
+
+Per model: a chunk holds requests for one model only (its inference workers hold
+that model alone), so both chunkers close a chunk where the model changes; the
+grouped one sorts by model first, then by prefix.
 """
 
 from __future__ import annotations
@@ -33,12 +37,16 @@ class ContiguousChunker:
 
     def __init__(self, chunk_size: int, endpoint: str) -> None:
         self.chunk_size = chunk_size
-        self.chunks: list[tuple[int, int, int, int]] = []  # start, end, first line, count
-        self._open: list[int] | None = None
+        # start, end, first line, count, model
+        self.chunks: list[tuple[int, int, int, int, str]] = []
+        self._open: list | None = None
 
-    def add(self, start: int, end: int, line: int, key: int) -> None:
+    def add(self, start: int, end: int, line: int, key: int, model: str = "") -> None:
+        if self._open is not None and self._open[4] != model:
+            self.chunks.append(tuple(self._open))
+            self._open = None
         if self._open is None:
-            self._open = [start, end, line, 0]
+            self._open = [start, end, line, 0, model]
         self._open[1] = end
         self._open[3] += 1
         if self._open[3] == self.chunk_size:
@@ -65,15 +73,17 @@ class PrefixGroupingChunker:
         self.endpoint = endpoint
         self.order_path = order_path
         self.window = window
-        self.chunks: list[tuple[int, int, int, int]] = []
+        self.chunks: list[tuple[int, int, int, int, str]] = []
         # One window of lines, column by column: cheap to append, sorted with numpy.
-        self._keys, self._offsets, self._lengths, self._lines = (
-            array("q"), array("q"), array("q"), array("q"))
+        self._keys, self._offsets, self._lengths, self._lines, self._models = (
+            array("q"), array("q"), array("q"), array("q"), array("q"))
+        self._model_names: dict[str, int] = {}  # model -> its number in _models
         self._written = 0  # entries in the order file
         order_path.parent.mkdir(parents=True, exist_ok=True)
         self._file = order_path.open("wb")
 
-    def add(self, start: int, end: int, line: int, key: int) -> None:
+    def add(self, start: int, end: int, line: int, key: int, model: str = "") -> None:
+        self._models.append(self._model_names.setdefault(model, len(self._model_names)))
         self._keys.append(key)
         self._offsets.append(start)
         self._lengths.append(end - start)
@@ -83,19 +93,28 @@ class PrefixGroupingChunker:
 
     def _flush(self) -> None:
         count = len(self._keys)
-        order = np.argsort(np.frombuffer(self._keys, dtype=np.int64), kind="stable")
+        models = np.frombuffer(self._models, dtype=np.int64)
+        # lexsort is stable: by model, then prefix key, then input order.
+        order = np.lexsort((np.frombuffer(self._keys, dtype=np.int64), models))
         entries = np.empty((count, 2), dtype=np.int64)  # (offset, length) in group order
         entries[:, 0] = np.frombuffer(self._offsets, dtype=np.int64)[order]
         entries[:, 1] = np.frombuffer(self._lengths, dtype=np.int64)[order]
         entries.tofile(self._file)
         first_lines = np.frombuffer(self._lines, dtype=np.int64)[order]
-        for first in range(0, count, self.chunk_size):
-            size = min(self.chunk_size, count - first)
-            begin = (self._written + first) * ORDER_ENTRY
-            self.chunks.append((begin, begin + size * ORDER_ENTRY, int(first_lines[first]), size))
+        sorted_models = models[order]
+        names = {number: name for name, number in self._model_names.items()}
+        # One run of entries per model (sorted, so each model's entries are together).
+        run_starts = [0, *(np.flatnonzero(np.diff(sorted_models)) + 1).tolist()]
+        for run_start, run_end in zip(run_starts, [*run_starts[1:], count], strict=True):
+            model = names[int(sorted_models[run_start])]
+            for first in range(run_start, run_end, self.chunk_size):
+                size = min(self.chunk_size, run_end - first)
+                begin = (self._written + first) * ORDER_ENTRY
+                self.chunks.append((begin, begin + size * ORDER_ENTRY,
+                                    int(first_lines[first]), size, model))
         self._written += count
-        self._keys, self._offsets, self._lengths, self._lines = (
-            array("q"), array("q"), array("q"), array("q"))
+        self._keys, self._offsets, self._lengths, self._lines, self._models = (
+            array("q"), array("q"), array("q"), array("q"), array("q"))
 
     def finish(self) -> None:
         if self._keys:

@@ -11,6 +11,11 @@ priorities give round-robin by requests; priority 3 gets three times the share o
 priority 1. A batch joining the race starts at the lowest pass of those already
 running, so it neither starves them nor waits behind them.
 
+Per model: each served model has its own queue and its own workers (docs/models.md),
+so each has its own window, the chunks its live workers can hold; a model with no
+live worker keeps its MIN_WINDOW and never takes the room of the others. Batches
+race for each model's window by the same passes.
+
 Where it runs: the control worker's tick (every second) and, after a flush that
 closed or released chunks, the inference worker that flushed. Dispatchers serialise
 on the `dispatch` ControlLock and do not queue for it: one that finds it held skips,
@@ -31,24 +36,45 @@ from django.utils import timezone
 
 from batches.locks import lock_control, lock_ids
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, ControlLock
-from batchgen_site.celery import QueueName, app
+from batchgen_site.celery import QueueName, app, inference_queue
 from batchgen_site.transient import retry_transient
 
 MIN_WINDOW = 4
 
 
-def _no_workers_known() -> int:
+def _no_workers_known(model: str) -> int:
     return MIN_WINDOW
 
 
-# How many chunks the live workers' chunk threads can hold: the SchedulingPool's
-# business, so the inference app sets it at start-up (batches never imports it).
-window_source: Callable[[], int] = _no_workers_known
+def _no_models_known() -> list[str]:
+    return [""]
 
 
-def dispatch_window() -> int:
-    """Chunks to keep dispatched but unclaimed."""
-    return max(MIN_WINDOW, window_source())
+# How many chunks one model's live workers' chunk threads can hold, and which models
+# are served: the inference app's business, so it sets them at start-up (batches
+# never imports it).
+window_source: Callable[[str], int] = _no_workers_known
+models_source: Callable[[], list[str]] = _no_models_known
+
+
+def dispatch_window(model: str) -> int:
+    """Chunks of `model` to keep dispatched but unclaimed."""
+    return max(MIN_WINDOW, window_source(model))
+
+
+def served_model_ids() -> list[str]:
+    """The served models' ids, the default first."""
+    return models_source()
+
+
+def chunk_model(model: str) -> str:
+    """The model a chunk goes to: its own, or, for chunks made before chunks named
+    their model (blank), the default one."""
+    return model or served_model_ids()[0]
+
+
+def _model_filter(model: str) -> list[str]:
+    return [model, ""] if model == served_model_ids()[0] else [model]
 
 
 def starting_pass() -> float:
@@ -70,29 +96,11 @@ def dispatch(*, wait: bool = True) -> int:
     with transaction.atomic():
         if not lock_control(ControlLock.DISPATCH, wait=wait):
             return 0
-        room = dispatch_window() - Chunk.objects.filter(status=ChunkStatus.QUEUED).count()
-        if room <= 0:
-            return 0
-        candidates = (Batch.objects.filter(status=BatchStatus.IN_PROGRESS,
-                                           chunks__status=ChunkStatus.PENDING)
-                      .distinct().values_list("dispatch_pass", "id", "priority"))
-        heap = [(passed, batch_id, priority) for passed, batch_id, priority in candidates]
-        heapq.heapify(heap)
-        pending: dict[str, deque] = {}
         advanced: dict[str, float] = {}
-        while heap and len(refs) < room:
-            passed, batch_id, priority = heapq.heappop(heap)
-            if batch_id not in pending:
-                pending[batch_id] = deque(
-                    Chunk.objects.filter(batch_id=batch_id, status=ChunkStatus.PENDING)
-                    .order_by("index").values_list("id", "index", "count")[:room])
-            if not pending[batch_id]:
-                continue
-            chunk_id, index, count = pending[batch_id].popleft()
-            refs.append((batch_id, chunk_id, index))
-            passed += count / max(priority, 1)
-            advanced[batch_id] = passed
-            heapq.heappush(heap, (passed, batch_id, priority))
+        # One model after another, all in this transaction: the rows are locked
+        # below in one go, chunks then batches, each in ascending id.
+        for model in served_model_ids():
+            refs += _choose(model, advanced)
         if not refs:
             return 0
         # A cancel may have skipped some meanwhile: only the still-pending ones go.
@@ -108,16 +116,56 @@ def dispatch(*, wait: bool = True) -> int:
     return len(refs)
 
 
+def _choose(model: str, advanced: dict[str, float]) -> list[tuple[str, int, int]]:
+    """Pending chunks of `model` to fill its window, by stride scheduling; `advanced`
+    holds the batches' passes as they grow (shared by the models)."""
+    models = _model_filter(model)
+    room = dispatch_window(model) - Chunk.objects.filter(
+        status=ChunkStatus.QUEUED, model__in=models).count()
+    if room <= 0:
+        return []
+    candidates = (Batch.objects.filter(status=BatchStatus.IN_PROGRESS,
+                                       chunks__status=ChunkStatus.PENDING,
+                                       chunks__model__in=models)
+                  .distinct().values_list("dispatch_pass", "id", "priority"))
+    heap = [(advanced.get(batch_id, passed), batch_id, priority)
+            for passed, batch_id, priority in candidates]
+    heapq.heapify(heap)
+    pending: dict[str, deque] = {}
+    refs: list[tuple[str, int, int]] = []
+    while heap and len(refs) < room:
+        passed, batch_id, priority = heapq.heappop(heap)
+        if batch_id not in pending:
+            pending[batch_id] = deque(
+                Chunk.objects.filter(batch_id=batch_id, status=ChunkStatus.PENDING,
+                                     model__in=models)
+                .order_by("index").values_list("id", "index", "count")[:room])
+        if not pending[batch_id]:
+            continue
+        chunk_id, index, count = pending[batch_id].popleft()
+        refs.append((batch_id, chunk_id, index))
+        passed += count / max(priority, 1)
+        advanced[batch_id] = passed
+        heapq.heappush(heap, (passed, batch_id, priority))
+    return refs
+
+
 def publish_chunks(refs: list[tuple[str, int, int]]) -> None:
-    """Publish one message per chunk to the inference queue, by reference and by
-    task name (only tasks.py modules import tasks). Chunks whose publish fails stay
-    unpublished; recovery publishes them again."""
+    """Publish one message per chunk to its model's inference queue, by reference
+    and by task name (only tasks.py modules import tasks). Chunks whose publish fails
+    stay unpublished; recovery publishes them again."""
     published: list[int] = []
+    models: dict[int, str] = {}
+    ids = [ref[1] for ref in refs]
+    for start in range(0, len(ids), 1000):
+        models.update(Chunk.objects.filter(id__in=ids[start:start + 1000])
+                      .values_list("id", "model"))
     try:
         with app.producer_or_acquire() as producer:
             for batch_id, chunk_id, index in refs:
+                queue = inference_queue(chunk_model(models.get(chunk_id, "")))
                 app.send_task("inference.run_chunk", args=(batch_id, chunk_id),
-                              queue=QueueName.INFERENCE.value, producer=producer,
+                              queue=queue, producer=producer,
                               shadow=f"chunk {batch_id}#{index}")
                 published.append(chunk_id)
     finally:

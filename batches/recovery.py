@@ -12,7 +12,7 @@ from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 from batches.chunks import OPEN_CHUNKS, chunks_requeue_expired
-from batches.dispatch import publish_chunks, send_validate
+from batches.dispatch import chunk_model, publish_chunks, send_validate
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
 from batches.services import batch_fail, batch_finalize
 from batchgen_site.transient import retry_transient
@@ -112,16 +112,16 @@ def validation_restart(*, batch_id: str) -> bool:
 LOST_AFTER = timedelta(seconds=30)
 
 
-def inference_queue_length() -> int | None:
-    """Messages waiting in the broker's inference queue (None if it cannot tell)."""
+def inference_queue_length(model: str) -> int | None:
+    """Messages waiting in the broker's queue of `model` (None if it cannot tell)."""
     from amqp.exceptions import ChannelError
 
-    from batchgen_site.celery import QueueName, app
+    from batchgen_site.celery import app, inference_queue
 
     try:
         with app.connection_for_write() as connection:
             return connection.default_channel.queue_declare(
-                queue=QueueName.INFERENCE.value, passive=True).message_count
+                queue=inference_queue(model), passive=True).message_count
     except ChannelError:
         return 0  # the queue itself is gone: a broker that came back empty
     except Exception:
@@ -134,14 +134,17 @@ def chunks_lost_by_broker(already: list) -> list:
     them in a restart without persistence). Published again; a duplicate message is
     harmless because a claim is a conditional update."""
     ids = {ref[1] for ref in already}
-    stale = list(Chunk.objects.filter(
-        status=ChunkStatus.QUEUED, published_at__lt=timezone.now() - LOST_AFTER,
-    ).exclude(id__in=ids).values_list("batch_id", "id", "index"))
-    if not stale:
-        return []
-    length = inference_queue_length()
-    if length is None or length >= len(stale):
-        return []
-    logger.warning("the broker holds %s message(s) for %s queued chunk(s); publishing "
-                   "them again", length, len(stale))
-    return stale
+    by_model: dict[str, list] = {}
+    for batch_id, chunk_id, index, model in Chunk.objects.filter(
+            status=ChunkStatus.QUEUED, published_at__lt=timezone.now() - LOST_AFTER,
+    ).exclude(id__in=ids).values_list("batch_id", "id", "index", "model"):
+        by_model.setdefault(chunk_model(model), []).append((batch_id, chunk_id, index))
+    lost = []
+    for model, stale in by_model.items():  # each model's queue holds its own chunks
+        length = inference_queue_length(model)
+        if length is None or length >= len(stale):
+            continue
+        logger.warning("the broker holds %s message(s) for %s queued chunk(s) of %s; "
+                       "publishing them again", length, len(stale), model)
+        lost += stale
+    return lost

@@ -10,7 +10,7 @@ from batches.usage import USAGE_COLUMNS, Usage
 from batches.validation import MAX_LISTED_ERRORS
 from batchgen_site.pagination import list_envelope_serializer
 from files.serializers import ExpiresAfterSerializer, UnixTimestampField
-from inference.model_info import served_model
+from inference.model_info import served_models
 
 # metadata["priority"]: a batch's weight in fair sharing (batches.dispatch).
 MAX_PRIORITY = 100
@@ -127,15 +127,16 @@ class BatchCreateInputSerializer(serializers.Serializer):
     def validate_endpoint(self, value):
         """Refused here, not line by line: a chat batch on an embedding model (or the
         reverse) would fail every one of its lines."""
-        model = served_model()
-        if value not in model.endpoints:
+        models = served_models()
+        if not any(value in model.endpoints for model in models):
+            served = "; ".join(f"{model.id!r} serves {', '.join(model.endpoints)}"
+                               for model in models)
             raise serializers.ValidationError(
-                f"The served model {model.id!r} does not serve {value}; it serves "
-                f"{', '.join(model.endpoints)}.", code="unsupported_endpoint")
+                f"No served model serves {value}: {served}.", code="unsupported_endpoint")
         return value
 
     def validate_max_context_length(self, value):
-        limit = served_model().max_context_length
+        limit = max(model.max_context_length for model in served_models())
         if value is not None and limit and value > limit:
             raise serializers.ValidationError(
                 f"max_context_length {value} exceeds the model's context of {limit} tokens.")

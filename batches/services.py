@@ -34,6 +34,7 @@ from files.incremental import repair_tail
 from files.models import File, FilePurpose
 from files.selectors import file_bytes_path
 from files.services import file_lock, file_register_output
+from inference.model_info import served_models
 
 logger = logging.getLogger("batchgen.batches")
 
@@ -180,6 +181,7 @@ def batch_validate(*, batch_id: str) -> Batch:
             max_line_bytes=settings.BATCHGEN_MAX_LINE_BYTES,
             max_requests=settings.BATCHGEN_MAX_REQUESTS_PER_BATCH,
             order_path=order_path,
+            models=[model.id for model in served_models() if batch.endpoint in model.endpoints],
         )
     except OSError as exc:
         if not is_storage_full(exc):
@@ -226,7 +228,8 @@ def _admit(*, batch_id: str, report: ValidationReport) -> None:
             return
         Chunk.objects.bulk_create(
             [Chunk(batch_id=batch_id, index=i, start_offset=span.start_offset,
-                   end_offset=span.end_offset, first_line=span.first_line, count=span.count)
+                   end_offset=span.end_offset, first_line=span.first_line, count=span.count,
+                   model=span.model)
              for i, span in enumerate(report.chunks)],
             batch_size=1000,
         )

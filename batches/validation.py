@@ -7,7 +7,7 @@ the 8-byte digests of the custom_ids seen (for uniqueness) and the error list.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ class ChunkSpan:
     end_offset: int
     first_line: int
     count: int
+    model: str = ""  # the served model all its requests name
 
 
 @dataclass(slots=True)
@@ -118,11 +119,22 @@ def check_body(body: dict[str, Any], *, endpoint: str) -> None:
     endpoint_spec(endpoint).check_body(body)
 
 
+def model_not_found(model: str, served: Collection[str], endpoint: str) -> LineError:
+    return LineError("model_not_found",
+                     f"The model {model!r} is not served here for {endpoint}; the models "
+                     f"that serve it: {', '.join(repr(name) for name in served)}.",
+                     "body.model")
+
+
 def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes: int,
-                  max_requests: int, order_path: Path | None = None) -> ValidationReport:
+                  max_requests: int, order_path: Path | None = None,
+                  models: Collection[str] | None = None) -> ValidationReport:
     """Check every line once and cut the valid requests into chunks: byte ranges of
     the input, or, with `order_path`, ranges of an order file that groups requests
-    sharing a prompt prefix (batches/chunking.py)."""
+    sharing a prompt prefix (batches/chunking.py). Each chunk holds one model's
+    requests; with `models` (the ids of the served models that serve `endpoint`), a
+    line naming another model is refused with model_not_found, never answered by a
+    model it did not name."""
     report = ValidationReport()
     chunker = (PrefixGroupingChunker(chunk_size, endpoint, order_path)
                if order_path is not None else ContiguousChunker(chunk_size, endpoint))
@@ -159,6 +171,7 @@ def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes:
                 try:
                     line = decode(raw)
                     custom_id = line.custom_id
+                    model = line.body.model
                     key = key_of_line(line) if grouped else 0
                 except DecodeError:
                     # The slow path names the problem, or accepts what the strict
@@ -169,7 +182,12 @@ def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes:
                         report.add_error(line_number, error.code, error.message, error.param)
                         continue
                     custom_id = item["custom_id"]
+                    model = item["body"]["model"]
                     key = spec.prefix_key(item["body"]) if grouped else 0
+                if models is not None and model not in models:
+                    error = model_not_found(model, models, endpoint)
+                    report.add_error(line_number, error.code, error.message, error.param)
+                    continue
                 digest = hash(custom_id)
                 if digest in seen:
                     report.add_error(line_number, "duplicate_custom_id",
@@ -185,7 +203,7 @@ def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes:
                                      "more.")
                     break
                 if not report.invalid:  # once a line is bad nothing will be queued
-                    add_to_chunk(line_start, offset, line_number, key)
+                    add_to_chunk(line_start, offset, line_number, key, model)
         chunker.finish()
     except BaseException:
         chunker.discard()

@@ -17,6 +17,17 @@ class QueueName(enum.StrEnum):
     CONTROL = "control"  # validate, finalize, expire, recover
 
 
+def inference_queue(model_id: str) -> str:
+    """The queue of one served model's chunks, `inference.<model id>`: only the
+    workers that hold that model consume it (docs/models.md). Declared by the first
+    worker or publisher that names it (Celery's task_create_missing_queues)."""
+    return f"{QueueName.INFERENCE.value}.{model_id}"
+
+
+def is_inference_queue(name: str) -> bool:
+    return name == QueueName.INFERENCE.value or name.startswith(f"{QueueName.INFERENCE.value}.")
+
+
 app = Celery("batchgen")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.task_queues = [
@@ -27,6 +38,7 @@ app.conf.task_default_queue = QueueName.CONTROL.value
 app.conf.task_default_exchange = QueueName.CONTROL.value
 app.conf.task_default_routing_key = QueueName.CONTROL.value
 # Every task's queue, by name: inference.* runs on GPU workers, the rest on control.
+# inference.run_chunk is published to its chunk's model queue (batches/dispatch.py).
 app.conf.task_routes = {
     "inference.*": {"queue": QueueName.INFERENCE.value},
     "batches.*": {"queue": QueueName.CONTROL.value},

@@ -28,6 +28,11 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
             "uploads, incremental output, the SQLite database, the model and the embedded broker"),
     Setting("--model", "BATCHGEN_MODEL", "",
             "local Hugging Face model folder (default: the bundled SmolLM2-135M-Instruct)"),
+    # Several models on one BatchGen (docs/models.md): when set, it replaces --model.
+    Setting("--models", "BATCHGEN_MODELS", "",
+            "served models, comma-separated name=path[:engine] entries (each name is "
+            "the id requests put in body.model); empty: the one model of --model, or "
+            "without it the bundled SmolLM2-135M-Instruct and all-MiniLM-L6-v2"),
     # The engines and the settings each reads: inference/engines/registry.py.
     Setting("--engine", "BATCHGEN_ENGINE", "vllm",
             "'vllm' (default) or 'simulated' (load and fault tests only)"),

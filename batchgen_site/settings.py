@@ -38,6 +38,16 @@ BATCHGEN_ENGINE = env("BATCHGEN_ENGINE", default=setting_default("BATCHGEN_ENGIN
 BATCHGEN_MODEL = env("BATCHGEN_MODEL", default="") or str(
     STORAGE_PATH / "models" / "SmolLM2-135M-Instruct"
 )
+# name=path[:engine],...: several served models (inference/model_info.py). Unset,
+# with BATCHGEN_MODEL given: that one model, under its folder's name. Neither set:
+# the bundled chat model and the bundled embedding model, so a newcomer sees both.
+DEFAULT_MODELS = ",".join(f"{name}={STORAGE_PATH / 'models' / name}"
+                          for name in ("SmolLM2-135M-Instruct", "all-MiniLM-L6-v2"))
+BATCHGEN_MODELS = env("BATCHGEN_MODELS", default=setting_default("BATCHGEN_MODELS")) or (
+    "" if env("BATCHGEN_MODEL", default="") else DEFAULT_MODELS)
+# The served model an inference worker holds: `serve` sets it for each worker it
+# starts (and its queue, inference.<model id>); empty means the default model.
+BATCHGEN_WORKER_MODEL = env("BATCHGEN_WORKER_MODEL", default="")
 BATCHGEN_MAX_CONTEXT_LENGTH = env.int("BATCHGEN_MAX_CONTEXT_LENGTH", default=0) or None
 BATCHGEN_MAX_INTAKE_CAPACITY = env.int("BATCHGEN_MAX_INTAKE_CAPACITY", default=1_000_000)
 BATCHGEN_MAX_POOL_SIZE = env.int("BATCHGEN_MAX_POOL_SIZE", default=10_240)

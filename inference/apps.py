@@ -8,7 +8,10 @@ class InferenceConfig(AppConfig):
     def ready(self) -> None:
         from batches import dispatch
         from inference import signals  # noqa: F401 - connects the worker hooks
+        from inference.model_info import served_models
         from inference.selectors import dispatch_window
 
-        # The dispatcher asks the SchedulingPool how many chunks its workers can hold.
+        # The dispatcher asks the SchedulingPool how many chunks each model's workers
+        # can hold, and the model registry which models are served.
         dispatch.window_source = dispatch_window
+        dispatch.models_source = lambda: [model.id for model in served_models()]

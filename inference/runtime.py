@@ -69,16 +69,26 @@ _CANCELLED = object()
 
 
 def engine_config_from_settings() -> EngineConfig:
-    """The configured engine's config: the settings every engine reads, then those
-    its spec names (inference/engines/registry.py)."""
-    from inference.model_info import served_model
+    """The config of this worker's engine: its model (BATCHGEN_WORKER_MODEL, else
+    the default), the settings every engine reads, then those its spec names
+    (inference/engines/registry.py)."""
+    from inference.model_info import model_by_id, served_model
 
     model = served_model()
+    if settings.BATCHGEN_WORKER_MODEL:
+        model = model_by_id(settings.BATCHGEN_WORKER_MODEL)
+        if model is None:
+            raise RuntimeError(f"BATCHGEN_WORKER_MODEL={settings.BATCHGEN_WORKER_MODEL!r} "
+                               "is not a served model (BATCHGEN_MODELS)")
     return EngineConfig(
         engine=model.engine,
-        model=settings.BATCHGEN_MODEL,
+        model=model.path,
         served_model_name=model.id,
-        max_context_length=settings.BATCHGEN_MAX_CONTEXT_LENGTH,
+        # The server's cap, but never above this model's own length (with several
+        # models one cap may exceed a small one's, which vLLM would refuse).
+        max_context_length=(min(settings.BATCHGEN_MAX_CONTEXT_LENGTH, model.max_context_length)
+                            if settings.BATCHGEN_MAX_CONTEXT_LENGTH and model.max_context_length
+                            else settings.BATCHGEN_MAX_CONTEXT_LENGTH),
         token_budget=settings.BATCHGEN_TOKEN_BUDGET,
         **engine_spec(model.engine).config_options(settings),
     )
@@ -252,7 +262,10 @@ class InferenceRuntime:
             self.ledger.release(work.chunk_id).result()
             return f"chunk {work.batch_id}#{work.index}: released, worker stopping"
         status = self.ledger.close(work.chunk_id).result()
-        return (f"chunk {work.batch_id}#{work.index}: {status or 'lost'}, {run.completed} "
+        # Which worker and model ran it: with several models, the log shows each
+        # worker answering its own model only.
+        return (f"chunk {work.batch_id}#{work.index} on {self.name} for model "
+                f"{self.config.served_model_name}: {status or 'lost'}, {run.completed} "
                 f"completed, {run.failed} failed")
 
     def _run_chunk(self, work: ChunkWork) -> ChunkRun:

@@ -5,11 +5,12 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.core.cache import caches
-from django.db.models import Max, QuerySet, Sum
+from django.db.models import Count, Max, QuerySet, Sum
 from django.utils import timezone
 
 from batches.intake import intake_reserved
-from batches.models import ACTIVE_STATUSES, Batch
+from batches.models import ACTIVE_STATUSES, Batch, Chunk, ChunkStatus
+from inference.model_info import served_models
 from inference.models import Worker
 
 
@@ -19,13 +20,21 @@ def live_workers() -> QuerySet[Worker]:
     return Worker.objects.filter(heartbeat_at__gte=fresh, stopped_at__isnull=True)
 
 
-def dispatch_window() -> int:
-    """Chunks to keep dispatched but unclaimed: what the live workers' chunk threads
-    can hold (see inference.signals.inference_concurrency), plus a little slack."""
+def dispatch_window(model: str) -> int:
+    """Chunks of `model` to keep dispatched but unclaimed: what the chunk threads of
+    the live workers holding it can hold (see inference.signals.inference_concurrency),
+    plus a little slack."""
     window = 0
-    for capacity in live_workers().values_list("slots_capacity", flat=True):
+    for capacity in live_workers().filter(model=model).values_list("slots_capacity",
+                                                                   flat=True):
         window += math.ceil(capacity / settings.BATCHGEN_CHUNK_SIZE) + 2
     return window + 2
+
+
+def live_workers_by_model() -> dict[str, int]:
+    """How many live workers hold each model."""
+    return dict(live_workers().values("model").annotate(workers=Count("name"))
+                .values_list("model", "workers"))
 
 
 POOL_STATUS_CACHE_KEY = "batchgen:pool_status"
@@ -50,6 +59,7 @@ def pool_status() -> dict:
     active = slots["active"] or 0
     capacity = slots["capacity"] or 0
     return {
+        **_model_figures(),
         "intake_pool_size": max(intake_reserved() - active, 0),
         "intake_pool_capacity": settings.BATCHGEN_MAX_INTAKE_CAPACITY,
         "scheduling_pool_active": active,
@@ -63,3 +73,31 @@ def pool_status() -> dict:
         # Why results cannot be written now (the storage volume full), or null.
         "storage_error": slots["storage_error"] or None,
     }
+
+
+def _model_figures() -> dict:
+    """Each served model's part of the figures (the top-level ones are the totals):
+    its live workers, its SchedulingPool and its chunks waiting to run."""
+    by_model = {row["model"]: row for row in live_workers().values("model").annotate(
+        workers=Count("name"), active=Sum("slots_active"), capacity=Sum("slots_capacity"),
+        tokens=Sum("tokens_active"), budget=Sum("token_budget"))}
+    waiting = dict(Chunk.objects.filter(status__in=[ChunkStatus.PENDING, ChunkStatus.QUEUED])
+                   .values("model").annotate(requests=Sum("count"))
+                   .values_list("model", "requests"))
+    models = served_models()
+    waiting[models[0].id] = waiting.get(models[0].id, 0) + waiting.pop("", 0)
+    figures = []
+    for model in models:
+        row = by_model.get(model.id, {})
+        active, capacity = row.get("active") or 0, row.get("capacity") or 0
+        figures.append({
+            "model": model.id,
+            "workers": row.get("workers", 0),
+            "requests_waiting": waiting.get(model.id) or 0,
+            "scheduling_pool_active": active,
+            "scheduling_pool_free": max(capacity - active, 0),
+            "scheduling_pool_capacity": capacity,
+            "scheduling_pool_tokens_active": row.get("tokens") or 0,
+            "scheduling_pool_token_budget": row.get("budget"),
+        })
+    return {"models": figures}

@@ -11,7 +11,7 @@ import math
 from celery import signals
 from django.conf import settings
 
-from batchgen_site.celery import QueueName
+from batchgen_site.celery import QueueName, inference_queue, is_inference_queue
 
 logger = logging.getLogger("batchgen.inference")
 
@@ -24,12 +24,18 @@ def inference_concurrency() -> int:
     return min(MAX_CHUNK_THREADS, chunks_to_fill + 2)
 
 
+def consumes_inference(app) -> bool:
+    """Whether this worker consumes an inference queue (a model's, or the old one)."""
+    return any(is_inference_queue(name) for name in app.amqp.queues.consume_from)
+
+
 @signals.worker_init.connect
 def on_worker_init(sender, **kwargs):
-    if QueueName.INFERENCE.value not in sender.app.amqp.queues.consume_from:
+    if not consumes_inference(sender.app):
         return
     if QueueName.CONTROL.value in sender.app.amqp.queues.consume_from:
         raise RuntimeError("a worker consumes either 'inference' or 'control', not both")
+    _consume_own_model_queue(sender.app)
     from inference.runtime import want_runtime
 
     want_runtime()
@@ -38,9 +44,25 @@ def on_worker_init(sender, **kwargs):
     logger.info("inference worker: threads pool, %s chunk threads", sender.concurrency)
 
 
+def _consume_own_model_queue(app) -> None:
+    """`-Q inference` (as docker-compose and GPU hosts start a worker) means the
+    queue of the model this worker holds: chunks are published per model
+    (batches/dispatch.py), so the bare queue would never get any."""
+    queues = app.amqp.queues
+    if QueueName.INFERENCE.value not in queues.consume_from:
+        return
+    from inference.model_info import served_model
+
+    model = settings.BATCHGEN_WORKER_MODEL or served_model().id
+    # queues[name] declares it as the publisher does (exchange and routing key of its name).
+    queues.select_add(queues[inference_queue(model)])
+    queues.deselect(QueueName.INFERENCE.value)
+    logger.info("inference worker: model %s, queue %s", model, inference_queue(model))
+
+
 @signals.worker_ready.connect
 def on_worker_ready(sender, **kwargs):
-    if QueueName.INFERENCE.value in sender.app.amqp.queues.consume_from:
+    if consumes_inference(sender.app):
         from inference.runtime import get_runtime
 
         get_runtime()  # start loading the engine now, not on the first chunk

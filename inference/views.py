@@ -9,10 +9,24 @@ from batchgen_site.errors import NotFound, error_responses
 from batchgen_site.pagination import list_envelope_serializer
 from batchgen_site.representation import represent
 from inference import selectors
-from inference.model_info import SERVER_STARTED, served_model
+from inference.model_info import SERVER_STARTED, served_models
+
+
+class ModelPoolStatusSerializer(serializers.Serializer):
+    model = serializers.CharField()
+    workers = serializers.IntegerField(help_text="live inference workers holding it")
+    requests_waiting = serializers.IntegerField(
+        help_text="requests of its chunks admitted and not yet claimed by a worker")
+    scheduling_pool_active = serializers.IntegerField()
+    scheduling_pool_free = serializers.IntegerField()
+    scheduling_pool_capacity = serializers.IntegerField()
+    scheduling_pool_tokens_active = serializers.IntegerField()
+    scheduling_pool_token_budget = serializers.IntegerField(allow_null=True)
 
 
 class PoolStatusSerializer(serializers.Serializer):
+    """The top-level figures are the totals over every model; `models` splits them."""
+
     intake_pool_size = serializers.IntegerField()
     intake_pool_capacity = serializers.IntegerField()
     scheduling_pool_active = serializers.IntegerField()
@@ -25,6 +39,7 @@ class PoolStatusSerializer(serializers.Serializer):
     storage_error = serializers.CharField(
         allow_null=True, help_text="Why workers cannot write results now (the storage "
         "volume full), or null. Their batches wait and resume once there is room.")
+    models = ModelPoolStatusSerializer(many=True)
 
 
 class ModelSerializer(serializers.Serializer):
@@ -34,35 +49,43 @@ class ModelSerializer(serializers.Serializer):
     owned_by = serializers.CharField(default="batchgen")
     max_context_length = serializers.IntegerField()
     engine = serializers.CharField()
+    endpoints = serializers.ListField(child=serializers.CharField(),
+                                      help_text="the batch endpoints it serves")
+    live = serializers.BooleanField(help_text="whether a live inference worker holds it")
+    workers = serializers.IntegerField(help_text="live inference workers holding it")
 
 
 ModelListSerializer = list_envelope_serializer("ModelList", ModelSerializer)
 
 
-def _model() -> dict:
-    model = served_model()
-    return {"id": model.id, "object": "model", "created": SERVER_STARTED,
-            "owned_by": "batchgen", "max_context_length": model.max_context_length,
-            "engine": model.engine}
+def _models() -> list[dict]:
+    workers = selectors.live_workers_by_model()
+    return [{"id": model.id, "object": "model", "created": SERVER_STARTED,
+             "owned_by": "batchgen", "max_context_length": model.max_context_length,
+             "engine": model.engine, "endpoints": list(model.endpoints),
+             "live": workers.get(model.id, 0) > 0, "workers": workers.get(model.id, 0)}
+            for model in served_models()]
 
 
 class ModelListView(APIView):
     @extend_schema(responses={200: ModelListSerializer, **error_responses(401)},
                    operation_id="models_list")
     def get(self, request):
-        model = _model()
-        return Response({"object": "list", "data": [model], "has_more": False,
-                         "first_id": model["id"], "last_id": model["id"]})
+        models = _models()
+        return Response({"object": "list", "data": models, "has_more": False,
+                         "first_id": models[0]["id"], "last_id": models[-1]["id"]})
 
 
 class ModelDetailView(APIView):
     @extend_schema(responses={200: ModelSerializer, **error_responses(401, 404)},
                    operation_id="models_retrieve")
     def get(self, request, model_id: str):
-        model = _model()
-        if model_id != model["id"]:
+        models = _models()
+        model = next((model for model in models if model["id"] == model_id), None)
+        if model is None:
+            served = ", ".join(repr(model["id"]) for model in models)
             raise NotFound(f"The model {model_id!r} does not exist; this server serves "
-                           f"{model['id']!r}.", param="model", code="model_not_found")
+                           f"{served}.", param="model", code="model_not_found")
         return Response(model)
 
 

@@ -120,7 +120,7 @@ def runtime_factory(published):
     def _make(*, capacity: int = 64, latency_ms: float = 0.0):
         runtime = InferenceRuntime(
             config=EngineConfig(engine="simulated", model="/nonexistent",
-                                served_model_name="sim", sim_latency_ms=latency_ms),
+                                served_model_name="m", sim_latency_ms=latency_ms),
             capacity=capacity, name=f"test-worker-{len(runtimes)}")
         runtime.start()
         assert runtime.ready.wait(30)

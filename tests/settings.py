@@ -7,6 +7,9 @@ import tempfile
 
 os.environ.setdefault("BATCHGEN_STORAGE_PATH", tempfile.mkdtemp(prefix="batchgen-test-"))
 os.environ.setdefault("BATCHGEN_ENGINE", "simulated")
+# The tests' lines name the model "m": serve it (an unserved model is refused per line).
+os.environ.setdefault("BATCHGEN_MODELS", "m=" + os.path.join(
+    os.environ["BATCHGEN_STORAGE_PATH"], "models", "SmolLM2-135M-Instruct"))
 
 from batchgen_site.settings import *  # noqa: E402,F403
 

@@ -62,11 +62,11 @@ class EngineSpec:
         generates = not is_embedding_model(model_path)
         return tuple(url for url in self.endpoints if ENDPOINTS[url].generates == generates)
 
-    def prepare_model(self) -> None:
+    def prepare_model(self, model_path: Path) -> None:
         if self.prepare_command is not None:
             from django.core.management import call_command
 
-            call_command(self.prepare_command)
+            call_command(self.prepare_command, model=str(model_path))
 
 
 ENGINES: dict[str, EngineSpec] = {}

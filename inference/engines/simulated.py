@@ -27,6 +27,12 @@ class SimulatedEngine(Engine):
     async def generate(self, request: EngineRequest) -> EngineResult:
         if self.config.sim_latency_ms:
             await asyncio.sleep(self.config.sim_latency_ms / 1000)
+        model = request.body.get("model")
+        if model != self.config.served_model_name:
+            # As vLLM's OpenAIServingModels does: a worker answers only its own model.
+            return EngineResult.failure(
+                "model_not_found", f"The model {model!r} is not the one this worker holds "
+                f"({self.config.served_model_name!r}).")
         spec = endpoint_spec(request.endpoint)
         prompt = spec.prompt_text(request.body)
         prompt_tokens = max(1, len(prompt.split()))

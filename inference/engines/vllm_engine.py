@@ -342,9 +342,10 @@ class VllmEngine(Engine):
         if serve is None:
             raise VLLMValidationError(f"unsupported endpoint {request.endpoint!r}",
                                       parameter="url")
-        # Single-model server: the body's model was only checked for presence.
-        body = {**request.body, "model": self.config.served_model_name,
-                "request_id": request.request_id}
+        # The body's model stays as the line named it: validation let only served
+        # models through and the dispatcher sent this chunk to its model's worker, and
+        # vLLM's OpenAIServingModels refuses any other name (never a substitution).
+        body = {**request.body, "request_id": request.request_id}
         return await serve(body)
 
     # One method per endpoint spec (batches/endpoints/), named serve_<spec.name>: the

@@ -463,6 +463,12 @@ def test_pool_status_has_every_field_and_counts_what_is_queued(api, running_batc
         "scheduling_pool_tokens_active": 700,
         "scheduling_pool_token_budget": 4096,
         "storage_error": None,  # only the stale worker's
+        # The same, per served model (here the one): the top level is their total
+        "models": [{
+            "model": "m", "workers": 1, "requests_waiting": 5, "scheduling_pool_active": 3,
+            "scheduling_pool_free": 13, "scheduling_pool_capacity": 16,
+            "scheduling_pool_tokens_active": 700, "scheduling_pool_token_budget": 4096,
+        }],
     }
 
 
@@ -493,6 +499,11 @@ def test_pool_status_of_an_idle_server(api, settings):
         "scheduling_pool_tokens_active": 0,
         "scheduling_pool_token_budget": None,
         "storage_error": None,
+        "models": [{
+            "model": "m", "workers": 0, "requests_waiting": 0, "scheduling_pool_active": 0,
+            "scheduling_pool_free": 0, "scheduling_pool_capacity": 0,
+            "scheduling_pool_tokens_active": 0, "scheduling_pool_token_budget": None,
+        }],
     }
 
 

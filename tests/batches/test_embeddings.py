@@ -76,7 +76,7 @@ def test_sampling_fields_are_left_alone_and_no_output_is_counted():
 
 def test_the_simulated_engine_answers_one_vector_per_input_in_either_encoding():
     engine = SimulatedEngine(EngineConfig(engine="simulated", model="m",
-                                          served_model_name="m-simulated"))
+                                          served_model_name="m"))
 
     def embed(**body):
         request = EngineRequest(request_id="r", custom_id="a", endpoint=EMBEDDINGS,
@@ -134,6 +134,7 @@ def vllm_serving(settings):
             folder.mkdir(parents=True)
             (folder / "config.json").write_text('{"max_position_embeddings": 8192}')
         settings.BATCHGEN_MODEL = str(folder)
+        settings.BATCHGEN_MODELS = ""  # the one-model form
         served_model.cache_clear()
 
     yield _serve

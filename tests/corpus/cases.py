@@ -249,10 +249,13 @@ INPUT_FILES: list[InputFile] = [
     bad_line_2("body_string", "invalid_body", "body"),
     bad_line_2("body_null", "invalid_body", "body"),
     bad_line_2("body_missing", "invalid_body", "body"),
-    # body.model: checked for presence only.
+    # body.model: present, and one of the served models (the tests serve "m"); never
+    # answered by another model. Names are exact: "M" is not "m".
     bad_line_2("model_missing", "invalid_body", "body.model"),
     bad_line_2("model_number", "invalid_body", "body.model"),
     bad_line_2("model_empty", "invalid_body", "body.model"),
+    bad_line_2("model_not_served", "model_not_found", "body.model"),
+    bad_line_2("model_not_served_slow_path", "model_not_found", "body.model"),
     # body.messages.
     bad_line_2("messages_missing", "invalid_body", "body.messages"),
     bad_line_2("messages_empty", "invalid_body", "body.messages"),

@@ -149,6 +149,9 @@ def server_env(*, storage: Path, broker_url: str | None = None, database_url: st
         env["BATCHGEN_BROKER_URL"] = broker_url
     if database_url:
         env["DATABASE_URL"] = database_url
+    if engine == "simulated" and not {"BATCHGEN_MODEL", "BATCHGEN_MODELS"} & set(extra):
+        # The tests' lines name the model "m": one simulated model of that name.
+        env["BATCHGEN_MODELS"] = f"m={storage / 'models' / 'SmolLM2-135M-Instruct'}"
     env.update(extra)
     return env
 
@@ -156,7 +159,7 @@ def server_env(*, storage: Path, broker_url: str | None = None, database_url: st
 def purge_broker(env: dict[str, str]) -> None:
     """Empty the shared broker's BatchGen queues before a run uses it."""
     subprocess.run([sys.executable, "-m", "celery", "-A", "batchgen_site", "purge", "-f",
-                    "-Q", "inference,control"], cwd=ROOT, env=env, check=True,
+                    "-Q", "inference,inference.m,control"], cwd=ROOT, env=env, check=True,
                    capture_output=True, timeout=60)
 
 

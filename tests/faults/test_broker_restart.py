@@ -28,7 +28,7 @@ SETTINGS = {"BATCHGEN_SIM_LATENCY_MS": "200", "BATCHGEN_MAX_POOL_SIZE": "200",
             "BATCHGEN_CHUNK_SIZE": "50", "BATCHGEN_CHUNK_LEASE_SECONDS": "10"}
 
 
-def broker_queue_length(url: str, queue: str = "inference") -> int:
+def broker_queue_length(url: str, queue: str = "inference.m") -> int:
     with Connection(url, connect_timeout=5) as connection:
         return connection.default_channel.queue_declare(queue=queue, passive=True).message_count
 

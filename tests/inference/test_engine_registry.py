@@ -36,6 +36,7 @@ def test_the_engine_config_takes_the_settings_its_spec_names(settings):
 
     settings.BATCHGEN_ENGINE = "simulated"
     settings.BATCHGEN_SIM_LATENCY_MS = 12.5
+    settings.BATCHGEN_MODELS = ""  # the one-model form: the folder's name, suffixed
     served_model.cache_clear()
     try:
         config = engine_config_from_settings()

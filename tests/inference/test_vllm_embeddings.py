@@ -25,7 +25,8 @@ UNRELATED = "The central bank raised interest rates today."
 
 def embedding_request(text: Any, **params: Any) -> EngineRequest:
     return EngineRequest(request_id=f"e-{time.monotonic_ns()}", custom_id="e",
-                         endpoint=EMBEDDINGS, body={"model": "any", "input": text, **params})
+                         endpoint=EMBEDDINGS, body={"model": EMBEDDING_MODEL_NAME, "input": text,
+                                                        **params})
 
 
 @pytest.fixture(scope="module")

@@ -67,7 +67,8 @@ def chat_request(
     content: str, *, max_context_length: int | None = None, **params: Any
 ) -> EngineRequest:
     n = next(_ids)
-    body = {"model": "any-name", "messages": [{"role": "user", "content": content}], **params}
+    body = {"model": DEFAULT_MODEL_NAME, "messages": [{"role": "user", "content": content}],
+            **params}
     return EngineRequest(
         request_id=f"req-{n}",
         custom_id=f"c-{n}",
@@ -83,7 +84,7 @@ def completion_request(prompt: str, **params: Any) -> EngineRequest:
         request_id=f"req-{n}",
         custom_id=f"c-{n}",
         endpoint=COMPLETIONS,
-        body={"model": "any-name", "prompt": prompt, **params},
+        body={"model": DEFAULT_MODEL_NAME, "prompt": prompt, **params},
     )
 
 
@@ -150,7 +151,7 @@ def test_chat_body_has_the_contract_shape_and_usage_adds_up(
     body = result.body
     json.dumps(body)  # plain JSON, ready for the output line
     assert body["object"] == "chat.completion"
-    assert body["model"] == model_info(model_dir)[0]  # not the body's "any-name"
+    assert body["model"] == model_info(model_dir)[0]
     (choice,) = body["choices"]
     message = choice["message"]
     assert message["role"] == "assistant"
@@ -252,6 +253,18 @@ def test_batch_context_cap_lowers_the_output_limit(vllm: EngineHarness) -> None:
 
     assert capped.completion_tokens == 3
     assert capped.body["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_body_naming_another_model_is_refused_not_answered(vllm: EngineHarness) -> None:
+    # No substitution: validation and the per-model queues keep such a line from an
+    # engine, and vLLM's OpenAIServingModels refuses it should one arrive anyway.
+    request = chat_request("Hi", max_tokens=4)
+    request.body["model"] = "gpt-4o"
+
+    result = vllm.generate(request)
+
+    assert result.body is None
+    assert "gpt-4o" in result.error["message"], result.error
 
 
 def test_invalid_parameters_become_error_results(vllm: EngineHarness) -> None:

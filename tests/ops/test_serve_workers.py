@@ -4,6 +4,7 @@ checked without a GPU; and the supervisor stopping them together."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -80,14 +81,32 @@ def test_one_inference_worker_by_default():
     found = inference_programs()
     assert [p.name for p in found] == ["inference1"]
     assert node_name(found[0]) == "inference1@%h"
-    assert found[0].env is None  # no slicing: the worker inherits the environment
+    # It holds the served model and consumes its queue; no slicing of the GPUs
+    assert found[0].env["BATCHGEN_WORKER_MODEL"] == "m"
+    assert found[0].argv[found[0].argv.index("-Q") + 1] == "inference.m"
+    assert found[0].env.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_each_served_model_gets_its_own_workers_on_its_own_queue(settings):
+    from inference.model_info import served_models
+
+    settings.BATCHGEN_MODELS = "chat=/models/chat,embed=/models/embed"
+    settings.BATCHGEN_INFERENCE_WORKERS = 2
+    served_models.cache_clear()
+    try:
+        found = inference_programs()
+    finally:
+        served_models.cache_clear()
+    held = [(p.env["BATCHGEN_WORKER_MODEL"], p.argv[p.argv.index("-Q") + 1]) for p in found]
+    assert held == [("chat", "inference.chat")] * 2 + [("embed", "inference.embed")] * 2
+    assert len({node_name(p) for p in found}) == 4
 
 
 def test_n_workers_each_with_its_own_node_name(settings):
     settings.BATCHGEN_INFERENCE_WORKERS = 4
     found = inference_programs()
     assert [node_name(p) for p in found] == [f"inference{i}@%h" for i in range(1, 5)]
-    assert all(p.argv[p.argv.index("-Q") + 1] == "inference" for p in found)
+    assert all(p.argv[p.argv.index("-Q") + 1] == "inference.m" for p in found)
     # Workers do not gossip: each would receive every other's heartbeat events
     assert all({"--without-gossip", "--without-mingle"} <= set(p.argv) for p in found)
     names = [p.name for p in programs()]

