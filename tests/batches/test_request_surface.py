@@ -24,7 +24,7 @@ def chat_body(**fields):
 
 def simulated(endpoint, body):
     engine = SimulatedEngine(EngineConfig(engine="simulated", model="m",
-                                          served_model_name="m-simulated"))
+                                          served_model_name="m"))
     return asyncio.run(engine.generate(EngineRequest("r", "a", endpoint, body)))
 
 

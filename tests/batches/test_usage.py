@@ -158,10 +158,10 @@ def test_the_output_pass_adds_embeddings_prompt_tokens_and_skips_error_lines(tmp
 def test_an_embeddings_batch_counts_prompt_tokens_only(runtime_factory, upload, settings):
     settings.BATCHGEN_CHUNK_SIZE = 2
     lines = [{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
-              "body": {"model": "sim", "input": f"text {i}"}} for i in range(3)]
+              "body": {"model": "m", "input": f"text {i}"}} for i in range(3)]
     file = upload(jsonl(lines))
     batch = services.batch_create(input_file_id=file["id"], endpoint="/v1/embeddings",
-                                  model="sim")
+                                  model="m")
     batch = services.batch_validate(batch_id=batch.id)
     runtime = runtime_factory()
     for chunk in Chunk.objects.filter(batch=batch):
