@@ -155,6 +155,7 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
     return batch
 
 
+@retry_transient
 def batch_validate(*, batch_id: str) -> Batch:
     """Validate the input in one streaming pass, then enqueue the whole batch or fail
     it. Nothing is queued unless every line is valid and all of it fits."""
@@ -241,6 +242,7 @@ def _admit(*, batch_id: str, report: ValidationReport) -> None:
     return batch_get(batch_id=batch_id)
 
 
+@retry_transient
 def batch_fail_invalid_input(*, batch_id: str, report: ValidationReport) -> None:
     """Fail a batch whose input has bad lines. The batch object carries the first
     ERRORS_SHOWN (polls stay small); every error kept is a LineError row, paged by

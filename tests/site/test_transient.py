@@ -125,3 +125,26 @@ def test_a_create_the_database_keeps_refusing_is_503_with_retry_after(api, uploa
     error = error_of(response, 503)
     assert error["code"] == "database_busy"
     assert response["Retry-After"] == "1"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_validation_that_meets_a_deadlock_runs_again_instead_of_failing_its_task(
+        upload, published, monkeypatch):
+    from batches import services
+
+    file = upload(b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", '
+                  b'"body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}}\n')
+    batch = services.batch_create(input_file_id=file["id"], endpoint="/v1/chat/completions",
+                                  model="m")
+    real, calls = services.file_bytes_path, []
+
+    def deadlocked_once(**kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise django_error(DEADLOCK)
+        return real(**kwargs)
+
+    monkeypatch.setattr(services, "file_bytes_path", deadlocked_once)
+
+    assert services.batch_validate(batch_id=batch.id).status == "in_progress"
+    assert len(calls) == 2
