@@ -9,8 +9,8 @@ scheduling: every in-progress batch with pending chunks has a pass value that gr
 by requests/share as it is served, and the lowest pass goes next (`batch_shares`:
 API keys share by their `weight`, a key's batches split its share by priority).
 Equal shares give round-robin by requests; priority 3 gets three times the share of
-a priority 1 batch of the same key. A batch joining the race starts at the lowest pass of those already
-running, so it neither starves them nor waits behind them.
+a priority 1 batch of the same key. A batch joining the race starts at the lowest
+pass of those already running, so it neither starves them nor waits behind them.
 
 Per model: each served model has its own queue and its own workers (docs/models.md),
 so each has its own window, the chunks its live workers can hold; a model with no

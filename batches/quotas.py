@@ -162,7 +162,8 @@ def key_usage_add(additions: dict[tuple[int, date], KeyDayUsage]) -> None:
     placeholders = ", ".join(["(" + ", ".join(["%s"] * (2 + len(counts))) + ")"] * len(rows))
     params: list = []
     for key_id, day, add in rows:
-        params += [key_id, connection.ops.adapt_datefield_value(day), add.requests_completed, add.requests_failed,
+        params += [key_id, connection.ops.adapt_datefield_value(day),
+                   add.requests_completed, add.requests_failed,
                    *(getattr(add.tokens, name) for name in USAGE_FIELDS)]
     updates = ", ".join(f"{c} = {table}.{c} + excluded.{c}" for c in counts)
     sql = (f"INSERT INTO {table} ({', '.join(columns + counts)}) VALUES {placeholders} "

@@ -61,7 +61,7 @@ class Command(BaseCommand):
         quotas = {option: options[option] for option in QUOTA_OPTIONS
                   if options.get(option, UNSET) is not UNSET}
         if list:
-            self.stdout.write("prefix      name  state  max_intake_requests  tokens_per_day  weight")
+            self.stdout.write("prefix  name  state  max_intake_requests  tokens_per_day  weight")
             for key in ApiKey.objects.order_by("created_at"):
                 state = f"revoked {key.revoked_at:%Y-%m-%d}" if key.revoked_at else "active"
                 self.stdout.write(f"{key.prefix}  {key.name}  {state}  "
