@@ -11,6 +11,7 @@ from django.contrib import admin, messages
 from django.db.models import F, OuterRef, Subquery, Sum
 from django.db.models.functions import Coalesce
 
+from batches.admin import ReadOnlyAdmin
 from batchgen_site.auth import apikey_revoke
 from batchgen_site.models import ApiKey, KeyUsage
 
@@ -64,22 +65,13 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 
 @admin.register(KeyUsage)
-class KeyUsageAdmin(admin.ModelAdmin):
+class KeyUsageAdmin(ReadOnlyAdmin):
     list_display = ["day", "key_name", "requests_completed", "requests_failed",
                     "input_tokens", "cached_tokens", "output_tokens", "total_tokens"]
     list_filter = [("key", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["key"]
     date_hierarchy = "day"
     list_per_page = 100
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
     @admin.display(description="key", ordering="key__name")
     def key_name(self, row: KeyUsage) -> str:

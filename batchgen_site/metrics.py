@@ -23,6 +23,12 @@ from prometheus_client.registry import Collector
 logger = logging.getLogger(__name__)
 
 WORKER_LABELS = ["worker", "hostname"]
+KEY_GAUGES = {  # per API key name: kind -> (metric, help)
+    "today": ("tokens_today", "Input plus output tokens this key used today (UTC)"),
+    "held": ("intake_held", "Requests this key's batches hold in the intake pool"),
+    "intake": ("max_intake_requests", "This key's intake quota (absent: no limit)"),
+    "tokens": ("tokens_per_day", "This key's daily token quota (absent: no limit)"),
+}
 
 
 class BatchGenCollector(Collector):
@@ -183,20 +189,8 @@ class BatchGenCollector(Collector):
                 family.add_metric([name], row[f"{kind}_tokens"] or 0)
         yield requests
         yield from tokens.values()
-        gauges = {
-            "today": GaugeMetricFamily("batchgen_key_tokens_today",
-                                       "Input plus output tokens this key used today (UTC)",
-                                       labels=["key"]),
-            "held": GaugeMetricFamily("batchgen_key_intake_held",
-                                      "Requests this key's batches hold in the intake pool",
-                                      labels=["key"]),
-            "intake": GaugeMetricFamily("batchgen_key_max_intake_requests",
-                                        "This key's intake quota (absent: no limit)",
-                                        labels=["key"]),
-            "tokens": GaugeMetricFamily("batchgen_key_tokens_per_day",
-                                        "This key's daily token quota (absent: no limit)",
-                                        labels=["key"]),
-        }
+        gauges = {kind: GaugeMetricFamily(f"batchgen_key_{metric}", help_text, labels=["key"])
+                  for kind, (metric, help_text) in KEY_GAUGES.items()}
         for name in sorted(set(names.values())):
             gauges["today"].add_metric([name], today.get(name) or 0)
             gauges["held"].add_metric([name], held.get(name) or 0)
