@@ -37,7 +37,7 @@ from django.db.models import (
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from batches import intake
+from batches import intake, quotas
 from batches.dispatch import dispatch, publish_chunks, send_finalize
 from batches.locks import lock_ids
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
@@ -214,7 +214,9 @@ def chunks_flush(*, worker: str, progress: dict[int, Counts] | None = None,
         changed = ({b for b, n in batch_release.items() if n} | closed_batches
                    | {b for b, tokens in batch_usage.items() if tokens})
         if changed:
-            lock_ids(Batch.objects.filter(id__in=changed))
+            # lock_ids' statement, also reading whose the batches are (for KeyUsage).
+            owners = dict(Batch.objects.filter(id__in=changed).select_for_update()
+                          .order_by("pk").values_list("pk", "owner_id"))
             # Token sums ride in the same UPDATE: no statement per request or per figure.
             tokens = {USAGE_COLUMNS[name]: F(USAGE_COLUMNS[name]) + _by_id(
                 {b: getattr(u, name) for b, u in batch_usage.items()}, field_type=BigIntegerField)
@@ -224,6 +226,8 @@ def chunks_flush(*, worker: str, progress: dict[int, Counts] | None = None,
                 failed=F("failed") + _by_id(batch_failed),
                 intake_reserved=Greatest(F("intake_reserved") - _by_id(batch_release), 0),
                 **tokens)
+            # Last in the lock order: the keys' rows for today, one statement.
+            quotas.key_usage_add(_key_usage(owners, batch_done, batch_failed, batch_usage))
         if closed_batches:
             # Results were written, so a wait on a full volume is over for these batches.
             Batch.objects.filter(id__in=closed_batches,
@@ -246,6 +250,22 @@ def chunks_flush(*, worker: str, progress: dict[int, Counts] | None = None,
     for batch_id, _, index in refs:
         logger.info("chunk released batch_id=%s chunk=%s worker=%s", batch_id, index, worker)
     return result
+
+
+def _key_usage(owners: dict[str, int | None], done: dict[str, int], failed: dict[str, int],
+               usage: dict[str, Usage]) -> dict:
+    """This flush's figures per (API key, UTC day): the day is the flush's."""
+    today = quotas.utc_today()
+    additions: dict = defaultdict(quotas.KeyDayUsage)
+    for batch_id, owner_id in owners.items():
+        if owner_id is None:
+            continue
+        add = additions[owner_id, today]
+        add.requests_completed += done.get(batch_id, 0)
+        add.requests_failed += failed.get(batch_id, 0)
+        if batch_id in usage:
+            add.tokens += usage[batch_id]
+    return additions
 
 
 def _after_flush(settled: list[str], released: list[tuple[str, int, int]],

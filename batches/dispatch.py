@@ -6,10 +6,11 @@ Why not publish a whole batch at once: a broker queue is first in, first out, so
 Instead the broker holds only a short window (enough chunks to keep every worker's
 chunk threads busy) and each time a chunk closes the next one is chosen by stride
 scheduling: every in-progress batch with pending chunks has a pass value that grows
-by requests/priority as it is served, and the lowest pass goes next. Equal
-priorities give round-robin by requests; priority 3 gets three times the share of
-priority 1. A batch joining the race starts at the lowest pass of those already
-running, so it neither starves them nor waits behind them.
+by requests/share as it is served, and the lowest pass goes next (`batch_shares`:
+API keys share by their `weight`, a key's batches split its share by priority).
+Equal shares give round-robin by requests; priority 3 gets three times the share of
+a priority 1 batch of the same key. A batch joining the race starts at the lowest
+pass of those already running, so it neither starves them nor waits behind them.
 
 Per model: each served model has its own queue and its own workers (docs/models.md),
 so each has its own window, the chunks its live workers can hold; a model with no
@@ -124,17 +125,20 @@ def _choose(model: str, advanced: dict[str, float]) -> list[tuple[str, int, int]
         status=ChunkStatus.QUEUED, model__in=models).count()
     if room <= 0:
         return []
-    candidates = (Batch.objects.filter(status=BatchStatus.IN_PROGRESS,
-                                       chunks__status=ChunkStatus.PENDING,
-                                       chunks__model__in=models)
-                  .distinct().values_list("dispatch_pass", "id", "priority"))
-    heap = [(advanced.get(batch_id, passed), batch_id, priority)
-            for passed, batch_id, priority in candidates]
+    candidates = list(Batch.objects.filter(status=BatchStatus.IN_PROGRESS,
+                                           chunks__status=ChunkStatus.PENDING,
+                                           chunks__model__in=models)
+                      .distinct().values_list("dispatch_pass", "id", "priority", "owner_id",
+                                              "owner__weight"))
+    shares = batch_shares([(batch_id, priority, owner_id, weight)
+                           for _, batch_id, priority, owner_id, weight in candidates])
+    heap = [(advanced.get(batch_id, passed), batch_id, shares[batch_id])
+            for passed, batch_id, *_ in candidates]
     heapq.heapify(heap)
     pending: dict[str, deque] = {}
     refs: list[tuple[str, int, int]] = []
     while heap and len(refs) < room:
-        passed, batch_id, priority = heapq.heappop(heap)
+        passed, batch_id, share = heapq.heappop(heap)
         if batch_id not in pending:
             pending[batch_id] = deque(
                 Chunk.objects.filter(batch_id=batch_id, status=ChunkStatus.PENDING,
@@ -144,10 +148,24 @@ def _choose(model: str, advanced: dict[str, float]) -> list[tuple[str, int, int]
             continue
         chunk_id, index, count = pending[batch_id].popleft()
         refs.append((batch_id, chunk_id, index))
-        passed += count / max(priority, 1)
+        passed += count / share
         advanced[batch_id] = passed
-        heapq.heappush(heap, (passed, batch_id, priority))
+        heapq.heappush(heap, (passed, batch_id, share))
     return refs
+
+
+def batch_shares(batches: list[tuple[str, int, int | None, int | None]]) -> dict[str, float]:
+    """Each batch's share of the workers, from (batch id, priority, owner key id, key
+    weight): keys share in proportion to their weights, and a key's share is split
+    among its batches waiting for the same model in proportion to their priorities.
+    So a key gains nothing by splitting its work into many batches, and batches of
+    one key (or of an open server, which has none) share exactly as their
+    priorities say. A key's weight of 2 against 1 gets twice the requests."""
+    per_key: dict[int | None, int] = {}
+    for _, priority, owner_id, _ in batches:
+        per_key[owner_id] = per_key.get(owner_id, 0) + max(priority, 1)
+    return {batch_id: (weight or 1) * max(priority, 1) / per_key[owner_id]
+            for batch_id, priority, owner_id, weight in batches}
 
 
 def publish_chunks(refs: list[tuple[str, int, int]]) -> None:

@@ -8,7 +8,8 @@ two transactions can wait on each other in a cycle (PostgreSQL would abort one w
 2. `File` rows;
 3. `Worker` rows;
 4. `Chunk` rows, in ascending id;
-5. `Batch` rows, in ascending id.
+5. `Batch` rows, in ascending id;
+6. `KeyUsage` rows, in ascending (key, day) (batches.quotas.key_usage_add).
 
 A statement that updates several rows locks them in whatever order its plan visits
 them, so a multi-row change first locks its rows with `lock_ids` (SELECT ... ORDER BY

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from datetime import date
+
+from django.db.models import QuerySet, Sum
 
 from batches.models import ACTIVE_STATUSES, Batch, LineError
+from batchgen_site.models import KeyUsage
 from batchgen_site.pagination import invalid_cursor
 
 
@@ -32,3 +35,27 @@ def batch_line_errors(*, batch: Batch, limit: int, after: int | None = None) -> 
 def file_in_active_use(*, file_id: str) -> bool:
     return Batch.objects.filter(status__in=ACTIVE_STATUSES, input_file_id=file_id).exists() or \
         Batch.objects.filter(status__in=ACTIVE_STATUSES, output_file_id=file_id).exists()
+
+
+def key_usage_report(*, since: date, until: date | None = None,
+                     key_name: str | None = None) -> list[dict]:
+    """Per UTC day and API key name (keys sharing a name are summed), from `since` to
+    `until` inclusive: requests completed and failed, and tokens. Ordered by day,
+    then name."""
+    rows = KeyUsage.objects.filter(day__gte=since)
+    if until is not None:
+        rows = rows.filter(day__lte=until)
+    if key_name is not None:
+        rows = rows.filter(key__name=key_name)
+    figures = ("requests_completed", "requests_failed", "input_tokens", "cached_tokens",
+               "output_tokens")
+    report = []
+    for row in (rows.order_by().values("day", "key__name")
+                .annotate(**{f"sum_{f}": Sum(f) for f in figures})
+                .order_by("day", "key__name")):
+        entry = {"day": row["day"].isoformat(), "key": row["key__name"]}
+        entry.update({f: row[f"sum_{f}"] or 0 for f in figures})
+        entry["requests"] = entry["requests_completed"] + entry["requests_failed"]
+        entry["total_tokens"] = entry["input_tokens"] + entry["output_tokens"]
+        report.append(entry)
+    return report

@@ -6,7 +6,7 @@ from rest_framework import serializers
 from batches.endpoints import NOT_BATCHED
 from batches.models import ERRORS_SHOWN, Batch, Endpoint
 from batches.params import SAMPLING_BOUNDS
-from batches.usage import USAGE_COLUMNS, Usage
+from batches.usage import batch_usage
 from batches.validation import MAX_LISTED_ERRORS
 from batchgen_site.pagination import list_envelope_serializer
 from files.serializers import ExpiresAfterSerializer, UnixTimestampField
@@ -251,8 +251,7 @@ class BatchOutputSerializer(serializers.ModelSerializer):
     def get_usage(self, obj) -> BatchUsageSerializer(help_text=(
             "Tokens used so far (updated with the workers' progress flushes); exactly the "
             "sum over the output lines' usage once the batch is finalized.")):
-        return Usage(**{name: getattr(obj, column)
-                        for name, column in USAGE_COLUMNS.items()}).as_api()
+        return batch_usage(obj).as_api()
 
     def get_errors(self, obj) -> BatchErrorsSerializer(allow_null=True):
         if not obj.errors:

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from batches import intake
+from batches import intake, quotas
 from batches.chunks import OPEN_CHUNKS, batches_without_open_chunks, chunks_skip_queued
 from batches.dispatch import dispatch, send_validate, starting_pass
 from batches.locks import lock_control
@@ -24,7 +24,7 @@ from batches.models import (
     ControlLock,
     LineError,
 )
-from batches.usage import USAGE_COLUMNS, output_digest_and_usage
+from batches.usage import USAGE_COLUMNS, batch_usage, output_digest_and_usage
 from batches.validation import ValidationReport, validate_file
 from batchgen_site.errors import BatchGenError, CapacityFull, NotFound, is_storage_full
 from batchgen_site.ids import new_id
@@ -114,6 +114,7 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
             f"File {input_file_id} has purpose {input_file.purpose!r}; a batch needs an "
             "input file uploaded with purpose 'batch'.", param="input_file_id",
             code="invalid_input_file")
+    quotas.quota_check_create(owner=owner)
     if intake.intake_is_full():
         raise CapacityFull("The intake pool is full; retry later.",
                            retry_after=settings.BATCHGEN_RETRY_AFTER_SECONDS)
@@ -219,6 +220,13 @@ def _admit(*, batch_id: str, report: ValidationReport) -> None:
         lock_control(ControlLock.ADMISSION)
         batch = Batch.objects.select_for_update().get(id=batch_id)
         if batch.status != S.VALIDATING:  # cancelled while we read the file
+            return
+        # The key's quota first (under the same lock, so two admissions of one key
+        # see each other's reservations); refused, the batch fails whole.
+        refusal = quotas.quota_check_admission(owner_id=batch.owner_id, requests=report.total)
+        if refusal is not None:
+            batch_transition(batch_id=batch_id, to=S.FAILED, total=report.total,
+                             error=refusal.batch_error())
             return
         if not intake.intake_reserve(batch_id=batch_id, requests=report.total):
             batch_transition(
@@ -330,6 +338,8 @@ def batch_finalize(*, batch_id: str) -> Batch:
             batch.output_file = file_register_output(
                 batch_id=batch_id, owner=batch.owner, size=size, digest=digest,
                 expires_after_seconds=batch.output_expires_after_seconds)
+            quotas.key_usage_correct(owner_id=batch.owner_id, running=batch_usage(batch),
+                                     final=usage)
             for name, column in USAGE_COLUMNS.items():
                 setattr(batch, column, getattr(usage, name))
             batch.save(update_fields=["output_file", *USAGE_COLUMNS.values()])

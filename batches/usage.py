@@ -57,6 +57,13 @@ USAGE_FIELDS = tuple(f.name for f in fields(Usage))
 # The Batch columns that hold each figure.
 USAGE_COLUMNS = {name: f"usage_{name}" for name in USAGE_FIELDS}
 
+
+
+def batch_usage(batch) -> Usage:
+    """The figures a Batch row holds now."""
+    return Usage(**{name: getattr(batch, column) for name, column in USAGE_COLUMNS.items()})
+
+
 _READ_BLOCK = 1 << 20
 
 

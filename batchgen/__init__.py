@@ -18,8 +18,10 @@ from batchgen.errors import (
     NotFoundError,
     PayloadTooLargeError,
     PermissionDeniedError,
+    QuotaExceededError,
     RateLimitError,
     ServerError,
+    ServiceUnavailableError,
     WaitTimeoutError,
 )
 
@@ -38,7 +40,9 @@ __all__ = [
     "NotFoundError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
+    "QuotaExceededError",
     "RateLimitError",
     "ServerError",
+    "ServiceUnavailableError",
     "WaitTimeoutError",
 ]

@@ -7,8 +7,10 @@ Needs only httpx, tenacity and tqdm:
     with BatchGenHttpClient("http://localhost:10900") as client:
         batch = client.submit_batch("input.jsonl", "output.jsonl", max_decoding_length=4096)
 
-Every call retries HTTP 429 (see `batchgen._retry`); other failures raise the typed
-errors of `batchgen.errors`, re-exported here.
+Every call retries HTTP 429 and HTTP 503 with Retry-After (see `batchgen._retry`;
+a 429 `quota_exceeded` that lasts longer than a minute is raised at once as
+QuotaExceededError); other failures raise the typed errors of `batchgen.errors`,
+re-exported here.
 """
 
 from __future__ import annotations
@@ -40,8 +42,10 @@ from batchgen.errors import (
     NotFoundError,
     PayloadTooLargeError,
     PermissionDeniedError,
+    QuotaExceededError,
     RateLimitError,
     ServerError,
+    ServiceUnavailableError,
     WaitTimeoutError,
     error_from_response,
 )
@@ -61,8 +65,10 @@ __all__ = [
     "NotFoundError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
+    "QuotaExceededError",
     "RateLimitError",
     "ServerError",
+    "ServiceUnavailableError",
     "WaitTimeoutError",
 ]
 
@@ -386,7 +392,7 @@ class BatchGenHttpClient:
         return _json_of(self._send(lambda: self._http.request(method, path, **kwargs)))
 
     def _send(self, attempt: Callable[[], httpx.Response]) -> httpx.Response:
-        """Run one HTTP exchange under the 429 retry policy."""
+        """Run one HTTP exchange under the retry policy (429, and 503 with Retry-After)."""
         return _retry.rate_limit_retrying()(_checked, attempt)
 
     @contextmanager
@@ -493,7 +499,8 @@ class BatchGenHttpClient:
 
 def _checked(attempt: Callable[[], httpx.Response]) -> httpx.Response:
     """Make one request; turn transport failures and HTTP errors into BatchGenErrors
-    (a 429 becomes a RateLimitError, which the retry policy catches)."""
+    (a 429 becomes a RateLimitError and a 503 a ServiceUnavailableError, which the
+    retry policy decides on)."""
     try:
         response = attempt()
         if response.is_error:
@@ -507,7 +514,7 @@ def _checked(attempt: Callable[[], httpx.Response]) -> httpx.Response:
         raise APIConnectionError(f"cannot reach {_target(exc)}: {exc}") from exc
     if response.is_error:
         retry_after = None
-        if response.status_code == 429:
+        if response.status_code in (429, 503):
             retry_after = _retry.parse_retry_after(response.headers.get("Retry-After"))
         raise error_from_response(response, retry_after=retry_after)
     return response

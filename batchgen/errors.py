@@ -11,7 +11,9 @@
     │   ├── ConflictError           409
     │   ├── PayloadTooLargeError    413
     │   ├── RateLimitError          429, after the retries (also a RuntimeError)
+    │   │   └── QuotaExceededError  429 quota_exceeded: the API key is over its quota
     │   └── ServerError             5xx
+    │       └── ServiceUnavailableError  503, after the retries when it had Retry-After
     ├── BatchFailedError            a batch ended failed/cancelled/expired (RuntimeError)
     ├── WaitTimeoutError            a wait passed its timeout (TimeoutError)
     └── NoOutputError               a batch has no output file to read
@@ -107,8 +109,24 @@ class RateLimitError(APIError, RuntimeError):
         self.retry_after = retry_after
 
 
+class QuotaExceededError(RateLimitError):
+    """HTTP 429 `quota_exceeded`: the API key is over one of its quotas (requests in
+    the intake pool, or tokens for the UTC day). Raised at once when `retry_after` is
+    longer than the client waits (a daily quota frees at midnight UTC), else once the
+    retries are spent."""
+
+
 class ServerError(APIError):
     pass
+
+
+class ServiceUnavailableError(ServerError):
+    """HTTP 503 (`server_busy`, `database_busy`). Retried like a 429 when the server
+    sent `Retry-After`; `retry_after` is the last hint in seconds (None: none sent)."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **kwargs: Any):
+        super().__init__(message, **kwargs)
+        self.retry_after = retry_after
 
 
 class BatchFailedError(BatchGenError, RuntimeError):
@@ -145,7 +163,9 @@ _STATUS_ERRORS: dict[int, type[APIError]] = {
     409: ConflictError,
     413: PayloadTooLargeError,
     429: RateLimitError,
+    503: ServiceUnavailableError,
 }
+QUOTA_EXCEEDED = "quota_exceeded"
 
 # Enough of a non-JSON body (an HTML error page, a proxy message) to recognise it.
 _TEXT_SNIPPET = 300
@@ -177,7 +197,9 @@ def error_from_response(response: httpx.Response, *, retry_after: float | None =
         status_code=status, body=body, type=type_, param=param, code=code,
         headers=response.headers, method=response.request.method, url=str(response.request.url),
     )
-    if cls is RateLimitError:
+    if cls is RateLimitError and code == QUOTA_EXCEEDED:
+        cls = QuotaExceededError
+    if issubclass(cls, (RateLimitError, ServiceUnavailableError)):
         kwargs["retry_after"] = retry_after
     return cls(message, **kwargs)
 

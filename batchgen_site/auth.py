@@ -34,13 +34,36 @@ KEYS_RECHECK_SECONDS = 1.0
 _keys_seen: tuple[float, bool] = (float("-inf"), False)
 
 
-def apikey_create(*, name: str) -> tuple[ApiKey, str]:
+def apikey_create(*, name: str, max_intake_requests: int | None = None,
+                  tokens_per_day: int | None = None, weight: int = 1) -> tuple[ApiKey, str]:
     """Create a key; the raw key is returned once and never stored."""
     global _keys_seen
     raw = KEY_PREFIX + secrets.token_urlsafe(32)
-    key = ApiKey.objects.create(name=name, prefix=raw[:10], hashed_key=hash_key(raw))
+    key = ApiKey(name=name, prefix=raw[:10], hashed_key=hash_key(raw),
+                 max_intake_requests=max_intake_requests, tokens_per_day=tokens_per_day,
+                 weight=weight)
+    key.full_clean(exclude=["hashed_key"])
+    key.save()
     _keys_seen = (time.monotonic(), True)  # this process closes at once
     return key, raw
+
+
+_UNSET = object()
+
+
+def apikey_set_quotas(*, prefix: str, max_intake_requests=_UNSET, tokens_per_day=_UNSET,
+                      weight=_UNSET) -> ApiKey:
+    """Change a key's quotas or weight (None: no limit); what is not given stays. They
+    apply to the next create, admission and dispatch (batches.quotas)."""
+    key = ApiKey.objects.get(prefix=prefix)  # ApiKey.DoesNotExist when there is none
+    changes = {name: value for name, value in [
+        ("max_intake_requests", max_intake_requests), ("tokens_per_day", tokens_per_day),
+        ("weight", weight)] if value is not _UNSET}
+    for name, value in changes.items():
+        setattr(key, name, value)
+    key.full_clean(exclude=["hashed_key"])
+    key.save(update_fields=list(changes))
+    return key
 
 
 def apikey_revoke(*, prefix: str) -> int:

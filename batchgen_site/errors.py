@@ -58,6 +58,13 @@ class CapacityFull(BatchGenError):
         self.retry_after = retry_after
 
 
+class QuotaExceeded(CapacityFull):
+    """The API key's own quota (batches.quotas), not the server's pool: Retry-After says
+    when it frees (the next UTC day for a daily token quota)."""
+
+    code = "quota_exceeded"
+
+
 class StorageFull(BatchGenError):
     status_code = status.HTTP_507_INSUFFICIENT_STORAGE
     error_type = "server_error"
@@ -191,7 +198,8 @@ _ERROR_DESCRIPTIONS = {
     404: "No such object (or not one this API key may see).",
     413: "The upload or request body is over the server's configured limit.",
     415: "Unsupported request content type.",
-    429: "The intake pool is full; retry after the `Retry-After` seconds.",
+    429: "The intake pool is full (`intake_pool_full`) or the API key is over one of its "
+         "quotas (`quota_exceeded`); retry after the `Retry-After` seconds.",
     503: "The database stayed busy through the server's retries; nothing was changed. "
          "Retry after the `Retry-After` seconds.",
     507: "The server's storage volume is full; nothing was stored. Retry later.",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from django.db import DatabaseError
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, F, Q, Sum
 from django.http import HttpResponse
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -23,6 +23,12 @@ from prometheus_client.registry import Collector
 logger = logging.getLogger(__name__)
 
 WORKER_LABELS = ["worker", "hostname"]
+KEY_GAUGES = {  # per API key name: kind -> (metric, help)
+    "today": ("tokens_today", "Input plus output tokens this key used today (UTC)"),
+    "held": ("intake_held", "Requests this key's batches hold in the intake pool"),
+    "intake": ("max_intake_requests", "This key's intake quota (absent: no limit)"),
+    "tokens": ("tokens_per_day", "This key's daily token quota (absent: no limit)"),
+}
 
 
 class BatchGenCollector(Collector):
@@ -31,6 +37,7 @@ class BatchGenCollector(Collector):
         yield from self._batches()
         yield from self._chunks()
         yield from self._workers()
+        yield from self._keys()
 
     def _pool(self):
         from inference.selectors import pool_status
@@ -144,6 +151,54 @@ class BatchGenCollector(Collector):
             families["ready"].add_metric(labels, int(worker.ready))
             families["storage_full"].add_metric(labels, int(bool(worker.storage_error)))
         yield from families.values()
+
+    def _keys(self):
+        """Per API key, labelled by the key's name (never its secret or prefix); keys
+        that share a name are summed. Usage counters cover every day there was."""
+        from batches.models import Batch
+        from batches.quotas import utc_today
+        from batchgen_site.models import ApiKey, KeyUsage
+
+        names = dict(ApiKey.objects.values_list("id", "name"))
+        if not names:
+            return
+        figures = ("requests_completed", "requests_failed", "input_tokens", "cached_tokens",
+                   "output_tokens")
+        totals = KeyUsage.objects.order_by().values("key__name").annotate(
+            **{f: Sum(f) for f in figures})
+        today = dict(KeyUsage.objects.filter(day=utc_today()).order_by()
+                     .values_list("key__name").annotate(n=Sum(F("input_tokens")
+                                                              + F("output_tokens"))))
+        held = dict(Batch.objects.filter(intake_reserved__gt=0, owner__isnull=False)
+                    .order_by().values_list("owner__name").annotate(n=Sum("intake_reserved")))
+        limits = ApiKey.objects.filter(revoked_at__isnull=True).order_by().values("name")
+        limits = limits.annotate(intake=Sum("max_intake_requests"), tokens=Sum("tokens_per_day"))
+
+        requests = CounterMetricFamily("batchgen_key_requests",
+                                       "Requests of this key's batches that finished, by outcome",
+                                       labels=["key", "outcome"])
+        tokens = {kind: CounterMetricFamily(f"batchgen_key_{kind}_tokens",
+                                            f"{kind.capitalize()} tokens of this key's batches",
+                                            labels=["key"])
+                  for kind in ("input", "cached", "output")}
+        for row in totals:
+            name = row["key__name"]
+            requests.add_metric([name, "completed"], row["requests_completed"] or 0)
+            requests.add_metric([name, "failed"], row["requests_failed"] or 0)
+            for kind, family in tokens.items():
+                family.add_metric([name], row[f"{kind}_tokens"] or 0)
+        yield requests
+        yield from tokens.values()
+        gauges = {kind: GaugeMetricFamily(f"batchgen_key_{metric}", help_text, labels=["key"])
+                  for kind, (metric, help_text) in KEY_GAUGES.items()}
+        for name in sorted(set(names.values())):
+            gauges["today"].add_metric([name], today.get(name) or 0)
+            gauges["held"].add_metric([name], held.get(name) or 0)
+        for row in limits:
+            for kind in ("intake", "tokens"):
+                if row[kind] is not None:
+                    gauges[kind].add_metric([row["name"]], row[kind])
+        yield from gauges.values()
 
 
 registry = CollectorRegistry(auto_describe=False)

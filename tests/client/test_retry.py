@@ -137,3 +137,77 @@ def test_backoff_without_hint_is_exponential_and_capped(attempt, expected):
     state.set_exception((RateLimitError, RateLimitError("busy", status_code=429), None))
 
     assert wait(state) == expected
+
+
+# --- quota_exceeded and 503 ------------------------------------------------------------
+
+
+def over_quota(retry_after: str | None) -> Reply:
+    headers = {"Retry-After": retry_after} if retry_after is not None else {}
+    return error(429, "API key 'team-a' used 1000 of its 1000 tokens for today",
+                 type="rate_limit_error", code="quota_exceeded", headers=headers)
+
+
+def test_a_quota_that_frees_tomorrow_is_raised_at_once_not_retried(stub, client, clock):
+    from batchgen import QuotaExceededError
+
+    stub.on("POST", "/v1/batches", over_quota("43200"))
+
+    with pytest.raises(QuotaExceededError) as caught:
+        client.create_batch("file-in")
+
+    assert isinstance(caught.value, RateLimitError) and isinstance(caught.value, RuntimeError)
+    assert caught.value.code == "quota_exceeded"
+    assert caught.value.retry_after == 43200
+    assert "1000 tokens" in str(caught.value)
+    assert clock.sleeps == []
+    assert len(stub.requests_to("POST", "/v1/batches")) == 1
+
+
+def test_an_intake_quota_that_frees_soon_is_waited_out(stub, client, clock):
+    stub.on("POST", "/v1/batches", over_quota("30"), Reply(json=make_batch()))
+
+    assert client.create_batch("file-in")["id"] == "batch_1"
+    assert clock.sleeps == [30]
+
+
+def test_a_quota_that_stays_is_raised_after_the_retries(stub, client, clock):
+    from batchgen import QuotaExceededError
+
+    stub.on("POST", "/v1/batches", over_quota("5"))
+
+    with pytest.raises(QuotaExceededError):
+        client.create_batch("file-in")
+    assert clock.sleeps == [5] * 5
+
+
+@pytest.mark.parametrize("code", ["server_busy", "database_busy"])
+def test_a_503_with_retry_after_is_retried_like_a_429(stub, client, clock, code):
+    busy_503 = error(503, "busy", type="server_error", code=code, headers={"Retry-After": "1"})
+    stub.on("POST", "/v1/batches", busy_503, busy_503, Reply(json=make_batch()))
+
+    assert client.create_batch("file-in")["id"] == "batch_1"
+    assert clock.sleeps == [1, 1]
+    assert len(stub.requests_to("POST", "/v1/batches")) == 3
+
+
+def test_a_503_that_stays_raises_service_unavailable_after_the_retries(stub, client, clock):
+    from batchgen import ServiceUnavailableError
+
+    stub.on("GET", "/v1/batches/batch_1",
+            error(503, "busy", type="server_error", code="database_busy",
+                  headers={"Retry-After": "2"}))
+
+    with pytest.raises(ServiceUnavailableError) as caught:
+        client.get_batch("batch_1")
+    assert isinstance(caught.value, ServerError)
+    assert caught.value.retry_after == 2
+    assert clock.sleeps == [2] * 5
+
+
+def test_a_503_without_retry_after_is_not_retried(stub, client, clock):
+    stub.on("GET", "/v1/batches/batch_1", error(503, "down", type="server_error"))
+
+    with pytest.raises(ServerError):
+        client.get_batch("batch_1")
+    assert clock.sleeps == []
