@@ -12,6 +12,7 @@ from webhooks.models import EVENT_TYPES, WebhookDelivery, WebhookEndpoint
 
 
 class EndpointForm(forms.ModelForm):
+    url = forms.URLField(max_length=2000, assume_scheme="https")
     event_types = forms.MultipleChoiceField(choices=[(t, t) for t in EVENT_TYPES],
                                             widget=forms.CheckboxSelectMultiple,
                                             initial=list(EVENT_TYPES))

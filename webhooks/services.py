@@ -227,7 +227,7 @@ def retry_delay(attempt: int) -> float:
     its retries in the same second)."""
     first = settings.BATCHGEN_WEBHOOK_RETRY_FIRST_SECONDS
     wait = tenacity.wait_exponential_jitter(
-        initial=first, max=settings.BATCHGEN_WEBHOOK_RETRY_MAX_SECONDS, jitter=first)
+        multiplier=first, max=settings.BATCHGEN_WEBHOOK_RETRY_MAX_SECONDS, jitter=first)
     state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})
     state.attempt_number = max(attempt, 1)
     return wait(state)
