@@ -8,7 +8,9 @@ two transactions can wait on each other in a cycle (PostgreSQL would abort one w
 2. `File` rows;
 3. `Worker` rows;
 4. `Chunk` rows, in ascending id;
-5. `Batch` rows, in ascending id.
+5. `Batch` rows, in ascending id;
+6. `WebhookEndpoint` rows, then 7. `WebhookDelivery` rows (the webhooks app: a
+   terminal transition inserts deliveries; claims take only delivery rows).
 
 A statement that updates several rows locks them in whatever order its plan visits
 them, so a multi-row change first locks its rows with `lock_ids` (SELECT ... ORDER BY
