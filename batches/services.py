@@ -15,7 +15,6 @@ from batches import intake
 from batches.chunks import OPEN_CHUNKS, batches_without_open_chunks, chunks_skip_queued
 from batches.dispatch import dispatch, send_validate, starting_pass
 from batches.locks import lock_control
-from batches.signals import batch_finished
 from batches.models import (
     ACTIVE_STATUSES,
     ERRORS_SHOWN,
@@ -26,6 +25,7 @@ from batches.models import (
     ControlLock,
     LineError,
 )
+from batches.signals import batch_finished
 from batches.usage import USAGE_COLUMNS, output_digest_and_usage
 from batches.validation import ValidationReport, validate_file
 from batchgen_site.errors import BatchGenError, CapacityFull, NotFound, is_storage_full
