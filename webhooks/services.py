@@ -246,11 +246,15 @@ def deliveries_claim(*, delivery_ids: Iterable[str] | None = None,
     sweep at once each get different rows, and never wait on each other. Locks only
     delivery rows (docs/architecture.md, "Locks": after Batch and WebhookEndpoint)."""
     now = timezone.now()
+    due = WebhookDelivery.objects.filter(
+        status=DeliveryStatus.PENDING, next_attempt_at__lte=now, endpoint__enabled=True)
+    if delivery_ids is not None:
+        due = due.filter(id__in=list(delivery_ids))
+    if not due.exists():
+        # A plain read first: an idle sweep then takes no write lock (on SQLite a
+        # write transaction holds the whole database, against the workers' flushes).
+        return []
     with transaction.atomic():
-        due = WebhookDelivery.objects.filter(
-            status=DeliveryStatus.PENDING, next_attempt_at__lte=now, endpoint__enabled=True)
-        if delivery_ids is not None:
-            due = due.filter(id__in=list(delivery_ids))
         ids = list(due.select_for_update(skip_locked=True, of=("self",))
                    .order_by("next_attempt_at", "id").values_list("id", flat=True)[:limit])
         if not ids:
@@ -315,9 +319,12 @@ def _endpoint_gone(*, delivery_id: str) -> None:
 def deliveries_give_up() -> int:
     """Fail pending deliveries past their last chance that no attempt will reach (an
     endpoint disabled meanwhile)."""
-    return WebhookDelivery.objects.filter(
-        status=DeliveryStatus.PENDING, give_up_at__lt=timezone.now() - _lease()).update(
-        status=DeliveryStatus.FAILED, last_error="gave up: no attempt before its last chance")
+    stale = WebhookDelivery.objects.filter(status=DeliveryStatus.PENDING,
+                                           give_up_at__lt=timezone.now() - _lease())
+    if not stale.exists():  # a read: an idle sweep writes nothing
+        return 0
+    return stale.update(status=DeliveryStatus.FAILED,
+                        last_error="gave up: no attempt before its last chance")
 
 
 def deliveries_send(*, delivery_ids: Iterable[str] | None = None,

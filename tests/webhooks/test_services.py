@@ -214,3 +214,17 @@ def test_resend_sends_a_delivered_event_again(create_batch, published, receiver,
     assert services.deliveries_send(delivery_ids=[delivery.id]) == {
         DeliveryStatus.DELIVERED: 1}
     assert [r.webhook_id for r in receiver.delivered()] == [delivery.id, delivery.id]
+
+
+def test_the_sweep_fails_what_waits_for_a_disabled_endpoint_past_its_last_chance(
+        create_batch, published, receiver):
+    endpoint = services.endpoint_create(url=receiver.url)
+    batch_services.batch_cancel(batch_id=create_batch().id)
+    services.endpoint_update(endpoint_id=endpoint.id, enabled=False)  # by an operator
+
+    assert services.deliveries_sweep() == {}  # not sent: its endpoint is disabled
+    WebhookDelivery.objects.update(give_up_at=timezone.now() - timedelta(hours=1))
+    assert services.deliveries_sweep() == {DeliveryStatus.FAILED: 1}
+
+    assert receiver.received == []
+    assert "gave up" in deliveries()[0].last_error
