@@ -10,6 +10,8 @@ two transactions can wait on each other in a cycle (PostgreSQL would abort one w
 4. `Chunk` rows, in ascending id;
 5. `Batch` rows, in ascending id;
 6. `KeyUsage` rows, in ascending (key, day) (batches.quotas.key_usage_add).
+7. `WebhookEndpoint` rows, then 8. `WebhookDelivery` rows (the webhooks app: a
+   terminal transition inserts deliveries; claims take only delivery rows).
 
 A statement that updates several rows locks them in whatever order its plan visits
 them, so a multi-row change first locks its rows with `lock_ids` (SELECT ... ORDER BY

@@ -6,19 +6,12 @@ from django.db.models import QuerySet, Sum
 
 from batches.models import ACTIVE_STATUSES, Batch, LineError
 from batchgen_site.models import KeyUsage
-from batchgen_site.pagination import invalid_cursor
+from batchgen_site.pagination import invalid_cursor, newest_first
 
 
 def batch_list(*, after: str | None, owner=None) -> QuerySet[Batch]:
-    batches = Batch.objects.order_by("-id")
-    if owner is not None:
-        batches = batches.filter(owner=owner)
-    if after:
-        # Batches are never deleted, so a cursor an earlier page gave stays valid.
-        if not batches.filter(id=after).exists():
-            raise invalid_cursor(after, kind="batch")
-        batches = batches.filter(id__lt=after)
-    return batches
+    # Batches are never deleted, so a cursor an earlier page gave stays valid.
+    return newest_first(Batch.objects.all(), after=after, owner=owner, kind="batch")
 
 
 def batch_line_errors(*, batch: Batch, limit: int, after: int | None = None) -> dict:

@@ -18,12 +18,14 @@ from batches.locks import lock_control
 from batches.models import (
     ACTIVE_STATUSES,
     ERRORS_SHOWN,
+    TERMINAL_STATUSES,
     Batch,
     BatchStatus,
     Chunk,
     ControlLock,
     LineError,
 )
+from batches.signals import batch_finished
 from batches.usage import USAGE_COLUMNS, batch_usage, output_digest_and_usage
 from batches.validation import ValidationReport, validate_file
 from batchgen_site.errors import BatchGenError, CapacityFull, NotFound, is_storage_full
@@ -61,10 +63,17 @@ class IllegalTransition(BatchGenError):
 
 def batch_transition(*, batch_id: str, to: str, **fields: Any) -> bool:
     """Move a batch to `to` if its current status allows it, atomically across
-    processes (a conditional UPDATE). Returns False when the batch was elsewhere."""
+    processes (a conditional UPDATE). Returns False when the batch was elsewhere.
+
+    A move to a terminal status sends `batch_finished` in the same transaction, so
+    what its receivers write (the webhooks outbox) exists exactly when the move does."""
     sources = [s for s, targets in LEGAL_TRANSITIONS.items() if to in targets]
     fields[TIMESTAMP_FIELD[to]] = timezone.now()
-    moved = Batch.objects.filter(id=batch_id, status__in=sources).update(status=to, **fields)
+    with transaction.atomic():
+        moved = Batch.objects.filter(id=batch_id, status__in=sources).update(status=to,
+                                                                              **fields)
+        if moved and to in TERMINAL_STATUSES:
+            batch_finished.send(sender=Batch, batch_id=batch_id, status=to)
     if moved and "error" not in fields:
         batch_storage_resumed(batch_id=batch_id)  # a wait's error ends with the wait
     if moved:

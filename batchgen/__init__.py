@@ -1,8 +1,10 @@
 """BatchGen client: a Python client and `batchgen` command for a BatchGen server.
 
     from batchgen import BatchGenHttpClient
+    from batchgen import webhooks   # webhooks.verify(body, headers, secret)
 """
 
+from batchgen import webhooks
 from batchgen._version import __version__
 from batchgen.batchgen_client import BatchGenHttpClient
 from batchgen.errors import (
@@ -45,4 +47,5 @@ __all__ = [
     "ServerError",
     "ServiceUnavailableError",
     "WaitTimeoutError",
+    "webhooks",
 ]

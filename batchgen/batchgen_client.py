@@ -364,6 +364,44 @@ class BatchGenHttpClient:
 
     # -- server ------------------------------------------------------------------------
 
+    # -- webhook endpoints (OpenAI's /v1/webhook_endpoints; batchgen.webhooks verifies) ----
+
+    def create_webhook_endpoint(self, url: str, *, event_types: list[str] | None = None,
+                                name: str | None = None) -> dict:
+        """Register a receiver for this key's batches; the answer's `signing_secret`
+        is shown only now. Default events: batch.completed, .failed, .cancelled."""
+        return self._json("POST", "/v1/webhook_endpoints",
+                          json=_without_none(url=url, event_types=event_types, name=name))
+
+    def list_webhook_endpoints(self, limit: int | None = None, after: str | None = None) -> dict:
+        return self._json("GET", "/v1/webhook_endpoints",
+                          params=_without_none(limit=limit, after=after))
+
+    def get_webhook_endpoint(self, endpoint_id: str) -> dict:
+        return self._json("GET", f"/v1/webhook_endpoints/{endpoint_id}")
+
+    def update_webhook_endpoint(self, endpoint_id: str, *, url: str | None = None,
+                                event_types: list[str] | None = None, name: str | None = None,
+                                enabled: bool | None = None) -> dict:
+        return self._json("POST", f"/v1/webhook_endpoints/{endpoint_id}",
+                          json=_without_none(url=url, event_types=event_types, name=name,
+                                             enabled=enabled))
+
+    def delete_webhook_endpoint(self, endpoint_id: str) -> dict:
+        return self._json("DELETE", f"/v1/webhook_endpoints/{endpoint_id}")
+
+    def rotate_webhook_secret(self, endpoint_id: str, *, keep_old_for_24_hours: bool = False
+                              ) -> dict:
+        return self._json("POST", f"/v1/webhook_endpoints/{endpoint_id}/rotate_secret",
+                          json={"keep_old_secret_active_for_24_hours": keep_old_for_24_hours})
+
+    def test_webhook_endpoint(self, endpoint_id: str, event_type: str = "batch.completed"
+                              ) -> dict:
+        """Have the server send a sample event now; its answer has the receiver's
+        `status_code`."""
+        return self._json("POST", f"/v1/webhook_endpoints/{endpoint_id}/test",
+                          json={"event_type": event_type})
+
     def health_check(self) -> bool:
         """True if the server answers /health with 200; False otherwise, never raises."""
         try:

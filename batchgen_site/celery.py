@@ -9,12 +9,14 @@ import os
 from celery import Celery
 from kombu import Exchange, Queue
 
+from batchgen_site.config import server_setting
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batchgen_site.settings")
 
 
 class QueueName(enum.StrEnum):
     INFERENCE = "inference"  # chunks of requests, by reference: the IntakePool
-    CONTROL = "control"  # validate, finalize, expire, recover
+    CONTROL = "control"  # validate, finalize, expire, recover, webhooks
 
 
 def inference_queue(model_id: str) -> str:
@@ -43,12 +45,18 @@ app.conf.task_routes = {
     "inference.*": {"queue": QueueName.INFERENCE.value},
     "batches.*": {"queue": QueueName.CONTROL.value},
     "files.*": {"queue": QueueName.CONTROL.value},
+    "webhooks.*": {"queue": QueueName.CONTROL.value},
 }
+WEBHOOK_SWEEP_SECONDS = float(server_setting("BATCHGEN_WEBHOOK_SWEEP_SECONDS"))
 app.conf.beat_schedule = {
     # Chunks are dispatched as workers free up; this tick only covers lost events.
     "dispatch-chunks": {"task": "batches.dispatch_chunks", "schedule": 1.0},
     "expire-batches": {"task": "batches.expire_batches", "schedule": 60.0},
     "recover-chunks": {"task": "batches.recover_chunks", "schedule": 15.0},
     "purge-expired-files": {"task": "files.purge_expired_files", "schedule": 3600.0},
+    # Webhook retries that are due (first attempts go out on commit). A tick not run
+    # within its interval is dropped: the next one covers the same rows.
+    "send-webhooks": {"task": "webhooks.sweep_deliveries", "schedule": WEBHOOK_SWEEP_SECONDS,
+                      "options": {"expires": WEBHOOK_SWEEP_SECONDS}},
 }
-app.autodiscover_tasks(["batches", "files", "inference"])
+app.autodiscover_tasks(["batches", "files", "inference", "webhooks"])

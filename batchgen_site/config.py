@@ -82,6 +82,17 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
             "the shortest expires_after / output_expires_after a client may ask for"),
     Setting("--max-file-expiry-seconds", "BATCHGEN_MAX_FILE_EXPIRY_SECONDS", "2592000",
             "the longest expires_after / output_expires_after a client may ask for"),
+    # Webhooks (docs/operations.md, "Webhooks"): how long one delivery attempt may
+    # take (connect, send, answer: each phase), and how long after its event a
+    # delivery is retried before it is given up (OpenAI and Standard Webhooks: a day).
+    Setting("--webhook-timeout", "BATCHGEN_WEBHOOK_TIMEOUT_SECONDS", "10",
+            "seconds a webhook receiver has to connect, take the event and answer"),
+    Setting("--webhook-max-age", "BATCHGEN_WEBHOOK_MAX_AGE_SECONDS", "86400",
+            "seconds after its event a webhook delivery is retried before it fails"),
+    # The control worker's beat looks for due retries this often (the first attempt
+    # of each event is sent at once, on commit, not by this sweep).
+    Setting("--webhook-sweep", "BATCHGEN_WEBHOOK_SWEEP_SECONDS", "5",
+            "seconds between the control worker's looks for webhook retries that are due"),
     Setting("--inference-workers", "BATCHGEN_INFERENCE_WORKERS", "1",
             "inference workers started here, one engine each (0: none, they run on GPU hosts)"),
     Setting("--gpus-per-worker", "BATCHGEN_GPUS_PER_WORKER", "0",

@@ -17,6 +17,19 @@ def invalid_cursor(after: str, *, kind: str) -> BatchGenError:
         "page before.", param="after", code="invalid_cursor")
 
 
+def newest_first(queryset: QuerySet, *, after: str | None, owner=None, kind: str) -> QuerySet:
+    """The rows of a list newest first (ids sort by creation time), an owner's only
+    when one is given, from after the cursor `after` (a 400 if it names no row)."""
+    rows = queryset.order_by("-id")
+    if owner is not None:
+        rows = rows.filter(owner=owner)
+    if after:
+        if not rows.filter(id=after).exists():
+            raise invalid_cursor(after, kind=kind)
+        rows = rows.filter(id__lt=after)
+    return rows
+
+
 def list_page(queryset: QuerySet, *, limit: int, serializer_class) -> dict:
     rows = list(queryset[: limit + 1])
     has_more = len(rows) > limit

@@ -126,6 +126,23 @@ BATCHGEN_MAX_FILE_EXPIRY_SECONDS = env.int(
     "BATCHGEN_MAX_FILE_EXPIRY_SECONDS",
     default=int(setting_default("BATCHGEN_MAX_FILE_EXPIRY_SECONDS")))
 
+# Webhooks (webhooks/): one attempt's time limit, and how long after its event a
+# delivery is retried. Retries back off exponentially with jitter from the first
+# delay, doubling up to the longest (5 s, 10 s, ... 1 h: about 30 attempts in a day).
+BATCHGEN_WEBHOOK_TIMEOUT_SECONDS = env.float(
+    "BATCHGEN_WEBHOOK_TIMEOUT_SECONDS",
+    default=float(setting_default("BATCHGEN_WEBHOOK_TIMEOUT_SECONDS")))
+BATCHGEN_WEBHOOK_MAX_AGE_SECONDS = env.float(
+    "BATCHGEN_WEBHOOK_MAX_AGE_SECONDS",
+    default=float(setting_default("BATCHGEN_WEBHOOK_MAX_AGE_SECONDS")))
+BATCHGEN_WEBHOOK_SWEEP_SECONDS = env.float(
+    "BATCHGEN_WEBHOOK_SWEEP_SECONDS",
+    default=float(setting_default("BATCHGEN_WEBHOOK_SWEEP_SECONDS")))
+BATCHGEN_WEBHOOK_RETRY_FIRST_SECONDS = env.float("BATCHGEN_WEBHOOK_RETRY_FIRST_SECONDS",
+                                                 default=5.0)
+BATCHGEN_WEBHOOK_RETRY_MAX_SECONDS = env.float("BATCHGEN_WEBHOOK_RETRY_MAX_SECONDS",
+                                               default=3600.0)
+
 # --- Django -----------------------------------------------------------------------
 
 INSTALLED_APPS = [
@@ -142,6 +159,7 @@ INSTALLED_APPS = [
     "files",
     "batches",
     "inference",
+    "webhooks.apps.WebhooksConfig",
 ]
 
 MIDDLEWARE = [

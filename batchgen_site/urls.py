@@ -15,6 +15,13 @@ from batchgen_site.health import HealthView
 from batchgen_site.metrics import metrics_view
 from files.views import FileContentView, FileDetailView, FileListCreateView
 from inference.views import ModelDetailView, ModelListView, PoolStatusView
+from webhooks.views import (
+    EndpointDetailView,
+    EndpointListCreateView,
+    EndpointRotateSecretView,
+    EndpointTestView,
+    EventTypeListView,
+)
 
 urlpatterns = [
     path("health", HealthView.as_view(), name="health"),
@@ -28,6 +35,14 @@ urlpatterns = [
     path("v1/batches/<str:batch_id>/cancel", BatchCancelView.as_view(), name="batch-cancel"),
     path("v1/batches/<str:batch_id>/output", BatchOutputView.as_view(), name="batch-output"),
     path("v1/batches/<str:batch_id>/errors", BatchLineErrorsView.as_view(), name="batch-errors"),
+    path("v1/webhook_endpoints", EndpointListCreateView.as_view(), name="webhook-endpoint-list"),
+    path("v1/webhook_endpoints/<str:endpoint_id>", EndpointDetailView.as_view(),
+         name="webhook-endpoint-detail"),
+    path("v1/webhook_endpoints/<str:endpoint_id>/rotate_secret",
+         EndpointRotateSecretView.as_view(), name="webhook-endpoint-rotate-secret"),
+    path("v1/webhook_endpoints/<str:endpoint_id>/test", EndpointTestView.as_view(),
+         name="webhook-endpoint-test"),
+    path("v1/webhook_event_types", EventTypeListView.as_view(), name="webhook-event-types"),
     path("v1/pool/status", PoolStatusView.as_view(), name="pool-status"),
     path("v1/openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
     path("docs", SpectacularSwaggerView.as_view(url_name="openapi"), name="docs"),

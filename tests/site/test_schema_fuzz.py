@@ -38,6 +38,9 @@ from files.models import File, FilePurpose, FileStatus
 from inference.model_info import served_model
 from inference.models import Worker
 from tests.conftest import chat_line, jsonl
+from webhooks import sender
+from webhooks.models import WebhookEndpoint
+from webhooks.signing import new_secret
 
 pytestmark = pytest.mark.django_db
 
@@ -68,9 +71,11 @@ VALIDATING = "batch_fuzzvalidating0000000"
 FAILED = "batch_fuzzfailed00000000000"
 COMPLETED = "batch_fuzzcompleted00000000"
 FRESH_FILE = "file-fresh"  # stands for a new file with no batch yet
+WEBHOOK_ENDPOINT = "we_fuzzendpoint00000000000"
 KNOWN_IDS = {
     "file_id": [INPUT_FILE, FREE_FILE, OUTPUT_FILE],
     "batch_id": [VALIDATING, FAILED, COMPLETED],
+    "endpoint_id": [WEBHOOK_ENDPOINT],
 }
 
 
@@ -141,9 +146,18 @@ def seeded(storage, published):
                          in_progress_at=now, finalizing_at=now, completed_at=now, total=1,
                          completed=1, **common)
     (storage / "incremental" / f"{COMPLETED}.jsonl").write_bytes(b'{"custom_id": "a"}\n')
+    WebhookEndpoint.objects.create(id=WEBHOOK_ENDPOINT, url="http://127.0.0.1:9/hook",
+                                   secret=new_secret())
     Worker.objects.create(name="fuzz-worker", hostname="h", pid=1, engine="simulated",
                           model=served_model().id, slots_capacity=4, ready=True,
                           heartbeat_at=timezone.now() + timedelta(days=1))
+
+
+@pytest.fixture(autouse=True)
+def no_webhook_traffic(monkeypatch):
+    """The fuzzer may point an endpoint at any URL and then test it: answer for the
+    receiver here, so no generated request leaves the machine."""
+    monkeypatch.setattr(sender, "post", lambda client, attempt: sender.Outcome(204))
 
 
 @schema.parametrize()

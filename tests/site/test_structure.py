@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("batches", "files", "inference", "batchgen_site")
+APPS = ("batches", "files", "inference", "batchgen_site", "webhooks")
 # What the server serves (the model's facts, read from its folder): a leaf that
 # imports no app. It moves to the engine registry (issue 14).
 ALLOWED_FROM_BATCHES = {"inference.model_info"}
@@ -49,4 +49,13 @@ def test_only_tasks_modules_import_tasks():
         and any(name.split(".")[1:2] == ["tasks"] for name in imports_of(path)
                 if name.split(".")[0] in APPS)
     )
+    assert offenders == []
+
+
+def test_the_batch_machinery_never_imports_webhooks():
+    # Webhooks hear of batches by the batch_finished signal (batches/signals.py).
+    offenders = sorted(
+        str(path.relative_to(ROOT))
+        for app in ("batches", "files", "inference") for path in modules(app)
+        if any(name.split(".")[0] == "webhooks" for name in imports_of(path)))
     assert offenders == []
