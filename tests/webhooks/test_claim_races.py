@@ -7,7 +7,7 @@ import threading
 from collections import Counter
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from tests.concurrency import require_concurrent_database, run_together
@@ -42,11 +42,8 @@ def test_concurrent_senders_deliver_each_event_exactly_once(receiver):
         DeliveryStatus.DELIVERED}
 
 
+@pytest.mark.postgresql
 def test_a_claim_skips_rows_another_sender_holds_without_waiting():
-    require_concurrent_database()
-    if connection.vendor != "postgresql":
-        pytest.skip("SQLite has no row locks (its writers take turns); the PostgreSQL "
-                    "pass of `make test` runs this")
     endpoint = services.endpoint_create(url="http://127.0.0.1:9/hook")
     ids = make_deliveries(endpoint, 10)
     holding, done = threading.Event(), threading.Event()
