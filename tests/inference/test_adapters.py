@@ -13,8 +13,8 @@ import pytest
 from inference.engines import EngineRequest, LoraAdapter, load_engine
 from inference.engines.base import EngineConfig
 from inference.model_info import (
-    ModelListError,
     ModelEntry,
+    ModelListError,
     adapters_of,
     model_routes,
     parse_models,
