@@ -343,9 +343,8 @@ class VllmEngine(Engine):
             return EngineResult.failure(
                 "engine_error", f"unexpected response type {type(response).__name__}"
             )
-        # Named by the line (validation let only served names through): the model or
-        # the adapter that answered.
-        body = _output_body(response, ENDPOINTS[request.endpoint], request.body["model"])
+        # Its `model` is vLLM's: the name of the model or of the adapter that answered.
+        body = _output_body(response, ENDPOINTS[request.endpoint])
         usage = body["usage"]
         return EngineResult(
             body=body,
@@ -441,9 +440,8 @@ def _dumped(response: Any) -> dict[str, Any] | ErrorResponse:
     return response
 
 
-def _output_body(body: dict[str, Any], spec: EndpointSpec, model: str) -> dict[str, Any]:
+def _output_body(body: dict[str, Any], spec: EndpointSpec) -> dict[str, Any]:
     """The response as the API contract shapes it (plain, JSON-serializable dict)."""
-    body["model"] = model
     usage = body.setdefault("usage", {})
     usage["completion_tokens"] = usage.get("completion_tokens") or 0
     usage["total_tokens"] = usage.get("prompt_tokens", 0) + usage["completion_tokens"]
