@@ -80,7 +80,8 @@ def engine_config_from_settings() -> EngineConfig:
         model = model_by_id(settings.BATCHGEN_WORKER_MODEL)
         if model is None:
             raise RuntimeError(f"BATCHGEN_WORKER_MODEL={settings.BATCHGEN_WORKER_MODEL!r} "
-                               "is not a served model (BATCHGEN_MODELS)")
+                               "is not a served model (BATCHGEN_MODELS; a LoRA adapter "
+                               "runs on its base model's workers)")
     return EngineConfig(
         engine=model.engine,
         model=model.path,
