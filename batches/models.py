@@ -158,7 +158,8 @@ class Chunk(models.Model):
     end_offset = models.BigIntegerField()
     first_line = models.IntegerField()  # 1-based line number of the first line
     count = models.IntegerField()
-    # The served model every request of it names: only that model's workers get it.
+    # The served model whose workers run it (each of its requests names that model
+    # or one of the model's LoRA adapters): only that model's workers get it.
     # Blank for chunks made before several models were served (the default model's).
     model = models.CharField(max_length=255, blank=True, default="")
     status = models.CharField(max_length=8, choices=ChunkStatus.choices,

@@ -36,7 +36,7 @@ from files.incremental import repair_tail
 from files.models import File, FilePurpose
 from files.selectors import file_bytes_path
 from files.services import file_lock, file_register_output
-from inference.model_info import served_models
+from inference.model_info import model_routes
 
 logger = logging.getLogger("batchgen.batches")
 
@@ -192,7 +192,7 @@ def batch_validate(*, batch_id: str) -> Batch:
             max_line_bytes=settings.BATCHGEN_MAX_LINE_BYTES,
             max_requests=settings.BATCHGEN_MAX_REQUESTS_PER_BATCH,
             order_path=order_path,
-            models=[model.id for model in served_models() if batch.endpoint in model.endpoints],
+            models=model_routes(batch.endpoint),
         )
     except OSError as exc:
         if not is_storage_full(exc):

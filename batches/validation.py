@@ -7,7 +7,7 @@ the 8-byte digests of the custom_ids seen (for uniqueness) and the error list.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ class ChunkSpan:
     end_offset: int
     first_line: int
     count: int
-    model: str = ""  # the served model all its requests name
+    model: str = ""  # the served model whose workers run its requests (adapters: the base)
 
 
 @dataclass(slots=True)
@@ -128,13 +128,14 @@ def model_not_found(model: str, served: Collection[str], endpoint: str) -> LineE
 
 def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes: int,
                   max_requests: int, order_path: Path | None = None,
-                  models: Collection[str] | None = None) -> ValidationReport:
+                  models: Mapping[str, str] | None = None) -> ValidationReport:
     """Check every line once and cut the valid requests into chunks: byte ranges of
     the input, or, with `order_path`, ranges of an order file that groups requests
-    sharing a prompt prefix (batches/chunking.py). Each chunk holds one model's
-    requests; with `models` (the ids of the served models that serve `endpoint`), a
-    line naming another model is refused with model_not_found, never answered by a
-    model it did not name."""
+    sharing a prompt prefix (batches/chunking.py). Each chunk holds the requests of
+    one served model's workers; with `models` (each name that serves `endpoint`, a
+    model or a LoRA adapter, to the served model whose workers run it: an adapter's
+    lines join its base's chunks), a line naming another model is refused with
+    model_not_found, never answered by a model it did not name."""
     report = ValidationReport()
     chunker = (PrefixGroupingChunker(chunk_size, endpoint, order_path)
                if order_path is not None else ContiguousChunker(chunk_size, endpoint))
@@ -184,10 +185,12 @@ def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes:
                     custom_id = item["custom_id"]
                     model = item["body"]["model"]
                     key = spec.prefix_key(item["body"]) if grouped else 0
-                if models is not None and model not in models:
-                    error = model_not_found(model, models, endpoint)
-                    report.add_error(line_number, error.code, error.message, error.param)
-                    continue
+                if models is not None:
+                    if model not in models:
+                        error = model_not_found(model, models, endpoint)
+                        report.add_error(line_number, error.code, error.message, error.param)
+                        continue
+                    model = models[model]
                 digest = hash(custom_id)
                 if digest in seen:
                     report.add_error(line_number, "duplicate_custom_id",

@@ -31,8 +31,17 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
     # Several models on one BatchGen (docs/models.md): when set, it replaces --model.
     Setting("--models", "BATCHGEN_MODELS", "",
             "served models, comma-separated name=path[:engine] entries (each name is "
-            "the id requests put in body.model); empty: the one model of --model, or "
-            "without it the bundled SmolLM2-135M-Instruct and all-MiniLM-L6-v2"),
+            "the id requests put in body.model) and name=lora:path@base LoRA adapters; "
+            "empty: the one model of --model, or without it the bundled "
+            "SmolLM2-135M-Instruct and all-MiniLM-L6-v2"),
+    # LoRA adapters (docs/models.md): vLLM sizes its adapter buffers by both, in
+    # memory, on every worker of a model that has adapters. 4 adapters at once lets a
+    # batch mixing a few run without swapping; 16 is vLLM's own default rank.
+    Setting("--max-loras", "BATCHGEN_MAX_LORAS", "4",
+            "LoRA adapters a worker's engine runs at once (more are swapped in and out)"),
+    Setting("--max-lora-rank", "BATCHGEN_MAX_LORA_RANK", "16",
+            "the highest LoRA adapter rank served (vLLM: 1, 8, 16, 32, 64, 128, 256, 320, "
+            "512)"),
     # The engines and the settings each reads: inference/engines/registry.py.
     Setting("--engine", "BATCHGEN_ENGINE", "vllm",
             "'vllm' (default) or 'simulated' (load and fault tests only)"),

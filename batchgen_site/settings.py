@@ -45,6 +45,11 @@ DEFAULT_MODELS = ",".join(f"{name}={STORAGE_PATH / 'models' / name}"
                           for name in ("SmolLM2-135M-Instruct", "all-MiniLM-L6-v2"))
 BATCHGEN_MODELS = env("BATCHGEN_MODELS", default=setting_default("BATCHGEN_MODELS")) or (
     "" if env("BATCHGEN_MODEL", default="") else DEFAULT_MODELS)
+# LoRA adapters (entries name=lora:path@base of BATCHGEN_MODELS) on a model's workers.
+BATCHGEN_MAX_LORAS = env.int("BATCHGEN_MAX_LORAS",
+                             default=int(setting_default("BATCHGEN_MAX_LORAS")))
+BATCHGEN_MAX_LORA_RANK = env.int("BATCHGEN_MAX_LORA_RANK",
+                                 default=int(setting_default("BATCHGEN_MAX_LORA_RANK")))
 # The served model an inference worker holds: `serve` sets it for each worker it
 # starts (and its queue, inference.<model id>); empty means the default model.
 BATCHGEN_WORKER_MODEL = env("BATCHGEN_WORKER_MODEL", default="")

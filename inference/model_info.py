@@ -3,7 +3,11 @@ it for /v1/models and validation, from each model folder's config.json.
 
 One BatchGen may serve several models (BATCHGEN_MODELS, `name=path[:engine]`
 entries); each has its own inference workers, consuming its own queue. The old
-single BATCHGEN_MODEL is the one-model list, served under its folder's name."""
+single BATCHGEN_MODEL is the one-model list, served under its folder's name.
+
+A LoRA adapter is an entry of its own kind, `name=lora:path@base`: no workers of its
+own; its base model's workers serve it (their engine loads every adapter of their
+model), so its lines go into its base's chunks and queue (docs/models.md)."""
 
 from __future__ import annotations
 
@@ -15,9 +19,16 @@ from pathlib import Path
 
 from django.conf import settings
 
+from batches.endpoints import ENDPOINTS
 from inference.engines.registry import ENGINES, engine_spec
 
 SERVER_STARTED = int(time.time())
+ADAPTER_PREFIX = "lora:"  # name=lora:path@base: a LoRA adapter on the model `base`
+ADAPTER_CONFIG = "adapter_config.json"  # what makes a folder a PEFT adapter
+
+
+class ModelListError(ValueError):
+    """BATCHGEN_MODELS cannot be served as written; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -30,32 +41,53 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class AdapterInfo:
+    """A LoRA adapter, served by the workers of its base model."""
+
+    id: str
+    path: str
+    base: ModelInfo  # the served model it adapts
+    rank: int
+    endpoints: tuple[str, ...]  # its base's endpoints that generate text
+
+
+@dataclass(frozen=True)
 class ModelEntry:
-    """One served model as configured: the id requests name, its folder, its engine
-    (None: BATCHGEN_ENGINE)."""
+    """One entry of the list as configured: the id requests name, its folder, its
+    engine (None: BATCHGEN_ENGINE), and for an adapter the id of its base model."""
 
     name: str
     path: str
     engine: str | None = None
+    base: str | None = None
 
 
 def parse_models(value: str) -> list[ModelEntry]:
-    """BATCHGEN_MODELS' entries, `name=path[:engine]` separated by commas. The
+    """BATCHGEN_MODELS' entries, separated by commas: `name=path[:engine]` for a
+    model, `name=lora:path@base` for a LoRA adapter on the model named `base`. The
     `:engine` suffix is read only when it names a registered engine, so a path
     holding a colon stays whole."""
     entries: list[ModelEntry] = []
     for raw in filter(None, (part.strip() for part in value.split(","))):
-        name, sep, path = raw.partition("=")
-        if not sep or not name.strip() or not path.strip():
-            raise ValueError(f"BATCHGEN_MODELS entry {raw!r} is not name=path[:engine]")
+        name, sep, path = (part.strip() for part in raw.partition("="))
+        if not sep or not name or not path:
+            raise ModelListError(f"BATCHGEN_MODELS entry {raw!r} is not name=path[:engine] "
+                                 "or name=lora:path@base")
+        if path.startswith(ADAPTER_PREFIX):
+            path, at, base = path.removeprefix(ADAPTER_PREFIX).rpartition("@")
+            if not at or not path.strip() or not base.strip():
+                raise ModelListError(f"BATCHGEN_MODELS entry {raw!r}: an adapter is "
+                                     "name=lora:path@base (base: a served model's name)")
+            entries.append(ModelEntry(name=name, path=path.strip(), base=base.strip()))
+            continue
         engine = None
         head, colon, tail = path.rpartition(":")
         if colon and tail in ENGINES:
             path, engine = head, tail
-        entries.append(ModelEntry(name=name.strip(), path=path.strip(), engine=engine))
+        entries.append(ModelEntry(name=name, path=path.strip(), engine=engine))
     names = [entry.name for entry in entries]
     if len(set(names)) != len(names):
-        raise ValueError(f"BATCHGEN_MODELS names a model twice: {names}")
+        raise ModelListError(f"BATCHGEN_MODELS names a model twice: {names}")
     return entries
 
 
@@ -81,17 +113,81 @@ def _model_info(*, name: str | None, path: Path, engine_name: str) -> ModelInfo:
                      path=str(path), endpoints=engine.endpoints_for(path))
 
 
+@dataclass(frozen=True)
+class _Catalog:
+    models: tuple[ModelInfo, ...]
+    adapters: tuple[AdapterInfo, ...]
+
+
 @lru_cache(maxsize=1)
-def served_models() -> tuple[ModelInfo, ...]:
-    """Every served model, in the order configured; the first is the default (the
-    one a batch is recorded under when its lines name several)."""
+def _catalog() -> _Catalog:
     entries = parse_models(settings.BATCHGEN_MODELS)
     if not entries:
-        return (_model_info(name=None, path=Path(settings.BATCHGEN_MODEL),
-                            engine_name=settings.BATCHGEN_ENGINE),)
-    return tuple(_model_info(name=entry.name, path=Path(entry.path),
-                             engine_name=entry.engine or settings.BATCHGEN_ENGINE)
-                 for entry in entries)
+        return _Catalog(models=(_model_info(name=None, path=Path(settings.BATCHGEN_MODEL),
+                                            engine_name=settings.BATCHGEN_ENGINE),),
+                        adapters=())
+    models = tuple(_model_info(name=entry.name, path=Path(entry.path),
+                               engine_name=entry.engine or settings.BATCHGEN_ENGINE)
+                   for entry in entries if entry.base is None)
+    if not models:
+        raise ModelListError("BATCHGEN_MODELS has adapters but no model to serve them")
+    by_id = {model.id: model for model in models}
+    adapters = tuple(_adapter_info(entry, by_id) for entry in entries if entry.base)
+    return _Catalog(models=models, adapters=adapters)
+
+
+def _adapter_info(entry: ModelEntry, models: dict[str, ModelInfo]) -> AdapterInfo:
+    """The adapter of `entry`, checked now (at start-up, in every process) rather
+    than when its base's engine fails to load it."""
+    where = f"adapter {entry.name!r} (BATCHGEN_MODELS)"
+    base = models.get(entry.base or "")
+    if base is None:
+        raise ModelListError(f"{where}: its base {entry.base!r} is not a served model "
+                             f"(the models: {', '.join(map(repr, models))})")
+    engine = engine_spec(base.engine)
+    if not engine.serves_adapters:
+        raise ModelListError(f"{where}: the {engine.name} engine of {base.id!r} serves no "
+                             "LoRA adapters")
+    endpoints = tuple(url for url in base.endpoints if ENDPOINTS[url].generates)
+    if not endpoints:
+        raise ModelListError(f"{where}: its base {base.id!r} is an embedding model; an "
+                             "adapter needs a model that generates text")
+    config_path = Path(entry.path) / ADAPTER_CONFIG
+    if not config_path.is_file():
+        raise ModelListError(f"{where}: {entry.path} has no {ADAPTER_CONFIG}; an adapter "
+                             "is a PEFT LoRA folder (adapter_config.json and "
+                             "adapter_model.safetensors)")
+    try:
+        config = json.loads(config_path.read_text())
+        rank = max([int(config["r"]), *map(int, (config.get("rank_pattern") or {}).values())])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ModelListError(f"{where}: {config_path} gives no LoRA rank `r` ({exc})") from None
+    limit = settings.BATCHGEN_MAX_LORA_RANK
+    if engine.adapter_ranks is not None and limit not in engine.adapter_ranks:
+        raise ModelListError(f"BATCHGEN_MAX_LORA_RANK={limit} is not a rank the "
+                             f"{engine.name} engine takes: one of {engine.adapter_ranks}")
+    if rank > limit:
+        raise ModelListError(f"{where}: its rank {rank} is above BATCHGEN_MAX_LORA_RANK="
+                             f"{limit}; raise that setting (--max-lora-rank) to serve it")
+    return AdapterInfo(id=entry.name, path=entry.path, base=base, rank=rank,
+                       endpoints=endpoints)
+
+
+def served_models() -> tuple[ModelInfo, ...]:
+    """Every served model (each with its own workers), in the order configured; the
+    first is the default (the one a batch is recorded under when its lines name
+    several). Adapters are apart: served_adapters()."""
+    return _catalog().models
+
+
+def served_adapters() -> tuple[AdapterInfo, ...]:
+    """Every LoRA adapter, in the order configured."""
+    return _catalog().adapters
+
+
+def adapters_of(model_id: str) -> tuple[AdapterInfo, ...]:
+    """The adapters the workers of `model_id` serve."""
+    return tuple(adapter for adapter in served_adapters() if adapter.base.id == model_id)
 
 
 def served_model() -> ModelInfo:
@@ -99,9 +195,21 @@ def served_model() -> ModelInfo:
     return served_models()[0]
 
 
-served_model.cache_clear = served_models.cache_clear  # type: ignore[attr-defined]
+# Tests and `serve` (after preparing the folders) read the list again.
+served_models.cache_clear = _catalog.cache_clear  # type: ignore[attr-defined]
+served_model.cache_clear = _catalog.cache_clear  # type: ignore[attr-defined]
 
 
 def model_by_id(model_id: str) -> ModelInfo | None:
     """The served model named `model_id`, or None when the server does not serve it."""
     return next((model for model in served_models() if model.id == model_id), None)
+
+
+def model_routes(endpoint: str) -> dict[str, str]:
+    """Every name a line of an `endpoint` batch may give in body.model (the models
+    and adapters serving it), each to the served model whose workers run it: itself,
+    or an adapter's base."""
+    routes = {model.id: model.id for model in served_models() if endpoint in model.endpoints}
+    routes.update((adapter.id, adapter.base.id) for adapter in served_adapters()
+                  if endpoint in adapter.endpoints)
+    return routes

@@ -50,6 +50,7 @@ from inference.engines import (
     EngineRequest,
     EngineResult,
     EngineUnavailable,
+    LoraAdapter,
     engine_spec,
     load_engine,
 )
@@ -72,14 +73,15 @@ def engine_config_from_settings() -> EngineConfig:
     """The config of this worker's engine: its model (BATCHGEN_WORKER_MODEL, else
     the default), the settings every engine reads, then those its spec names
     (inference/engines/registry.py)."""
-    from inference.model_info import model_by_id, served_model
+    from inference.model_info import adapters_of, model_by_id, served_model
 
     model = served_model()
     if settings.BATCHGEN_WORKER_MODEL:
         model = model_by_id(settings.BATCHGEN_WORKER_MODEL)
         if model is None:
             raise RuntimeError(f"BATCHGEN_WORKER_MODEL={settings.BATCHGEN_WORKER_MODEL!r} "
-                               "is not a served model (BATCHGEN_MODELS)")
+                               "is not a served model (BATCHGEN_MODELS; a LoRA adapter "
+                               "runs on its base model's workers)")
     return EngineConfig(
         engine=model.engine,
         model=model.path,
@@ -90,6 +92,9 @@ def engine_config_from_settings() -> EngineConfig:
                             if settings.BATCHGEN_MAX_CONTEXT_LENGTH and model.max_context_length
                             else settings.BATCHGEN_MAX_CONTEXT_LENGTH),
         token_budget=settings.BATCHGEN_TOKEN_BUDGET,
+        # Its LoRA adapters: the chunks of their lines come to this model's queue.
+        adapters=tuple(LoraAdapter(name=adapter.id, path=adapter.path)
+                       for adapter in adapters_of(model.id)),
         **engine_spec(model.engine).config_options(settings),
     )
 

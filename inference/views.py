@@ -9,7 +9,7 @@ from batchgen_site.errors import NotFound, error_responses
 from batchgen_site.pagination import list_envelope_serializer
 from batchgen_site.representation import represent
 from inference import selectors
-from inference.model_info import SERVER_STARTED, served_models
+from inference.model_info import SERVER_STARTED, ModelInfo, served_adapters, served_models
 
 
 class ModelPoolStatusSerializer(serializers.Serializer):
@@ -53,18 +53,32 @@ class ModelSerializer(serializers.Serializer):
                                       help_text="the batch endpoints it serves")
     live = serializers.BooleanField(help_text="whether a live inference worker holds it")
     workers = serializers.IntegerField(help_text="live inference workers holding it")
+    # As vLLM's /v1/models shows its LoRA adapters (OpenAI's old model objects too).
+    root = serializers.CharField(help_text="the model it descends from: itself, or for a "
+                                           "LoRA adapter its base model")
+    parent = serializers.CharField(allow_null=True, help_text="a LoRA adapter's base "
+                                   "model, whose workers serve it; null for a model")
 
 
 ModelListSerializer = list_envelope_serializer("ModelList", ModelSerializer)
 
 
 def _models() -> list[dict]:
+    """The served models, then the LoRA adapters: an adapter generates text where its
+    base does, on its base's workers."""
     workers = selectors.live_workers_by_model()
-    return [{"id": model.id, "object": "model", "created": SERVER_STARTED,
-             "owned_by": "batchgen", "max_context_length": model.max_context_length,
-             "engine": model.engine, "endpoints": list(model.endpoints),
-             "live": workers.get(model.id, 0) > 0, "workers": workers.get(model.id, 0)}
-            for model in served_models()]
+
+    def card(name: str, model: ModelInfo, endpoints: tuple[str, ...],
+             parent: str | None) -> dict:
+        return {"id": name, "object": "model", "created": SERVER_STARTED,
+                "owned_by": "batchgen", "max_context_length": model.max_context_length,
+                "engine": model.engine, "endpoints": list(endpoints),
+                "live": workers.get(model.id, 0) > 0, "workers": workers.get(model.id, 0),
+                "root": model.id, "parent": parent}
+
+    return [*(card(model.id, model, model.endpoints, None) for model in served_models()),
+            *(card(adapter.id, adapter.base, adapter.endpoints, adapter.base.id)
+              for adapter in served_adapters())]
 
 
 class ModelListView(APIView):

@@ -14,6 +14,7 @@ from inference.engines.base import (
     EngineRequest,
     EngineResult,
     EngineUnavailable,
+    LoraAdapter,
 )
 from inference.engines.registry import ENGINES, EngineSpec, engine_spec
 
@@ -24,5 +25,5 @@ def load_engine(config: EngineConfig) -> Engine:
 
 __all__ = [
     "ENGINES", "Engine", "EngineConfig", "EngineRequest", "EngineResult", "EngineSpec",
-    "EngineUnavailable", "engine_spec", "load_engine",
+    "EngineUnavailable", "LoraAdapter", "engine_spec", "load_engine",
 ]

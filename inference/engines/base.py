@@ -14,6 +14,12 @@ from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
+class LoraAdapter:
+    name: str  # the id requests name in body.model
+    path: str  # a PEFT LoRA folder made for the engine's model
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     engine: str  # a name in inference.engines.registry.ENGINES
     model: str  # path of a local Hugging Face model folder
@@ -25,6 +31,10 @@ class EngineConfig:
     sim_latency_ms: float = 0.0  # simulated engine only
     # Tokens admitted into the engine at once; None = the engine's KV cache capacity.
     token_budget: int | None = None
+    # The LoRA adapters of this model, each answered under its own name.
+    adapters: tuple[LoraAdapter, ...] = ()
+    max_loras: int = 4  # adapters in the engine at once (vLLM only)
+    max_lora_rank: int = 16  # vLLM sizes its adapter buffers by it
     # Passed through to vLLM's AsyncEngineArgs (GPU users: tensor_parallel_size,
     # gpu_memory_utilization, max_num_seqs, dtype, quantization, ...).
     engine_args: dict[str, Any] = field(default_factory=dict)

@@ -45,6 +45,10 @@ class EngineSpec:
     model_suffix: str = ""  # appended to the model folder's name in the served id
     default_context: int | None = None  # when the model folder does not say
     prepare_command: str | None = None  # management command that readies the model
+    # LoRA adapters (docs/models.md): whether its generative models serve them, and
+    # the values BATCHGEN_MAX_LORA_RANK may take (None: any).
+    serves_adapters: bool = False
+    adapter_ranks: tuple[int, ...] | None = None
     warning: str | None = None  # logged at start-up
 
     def engine(self, config: EngineConfig) -> Engine:
@@ -95,7 +99,13 @@ register(EngineSpec(
         "reasoning_parser": "BATCHGEN_REASONING_PARSER",
         "tool_call_parser": "BATCHGEN_TOOL_CALL_PARSER",
         "engine_args": "BATCHGEN_ENGINE_ARGS",
+        "max_loras": "BATCHGEN_MAX_LORAS",
+        "max_lora_rank": "BATCHGEN_MAX_LORA_RANK",
     },
+    serves_adapters=True,
+    # vllm.config.lora.MaxLoRARanks in vLLM 0.32 (a test holds them equal): the
+    # registry never imports vLLM.
+    adapter_ranks=(1, 8, 16, 32, 64, 128, 256, 320, 512),
     # Converts the bundled SmolLM2 into a model folder when no other model is named.
     prepare_command="prepare_model",
 ))
@@ -104,6 +114,7 @@ register(EngineSpec(
     engine_class="inference.engines.simulated:SimulatedEngine",
     settings={"sim_latency_ms": "BATCHGEN_SIM_LATENCY_MS"},
     model_decides=False,  # it answers every endpoint, whatever model it names
+    serves_adapters=True,  # it answers an adapter's name as its base's
     # Its output is synthetic: the served id says so, wherever it is shown.
     model_suffix="-simulated",
     default_context=SIMULATED_CONTEXT,

@@ -28,11 +28,13 @@ class SimulatedEngine(Engine):
         if self.config.sim_latency_ms:
             await asyncio.sleep(self.config.sim_latency_ms / 1000)
         model = request.body.get("model")
-        if model != self.config.served_model_name:
-            # As vLLM's OpenAIServingModels does: a worker answers only its own model.
+        adapters = {adapter.name for adapter in self.config.adapters}
+        if model != self.config.served_model_name and model not in adapters:
+            # As vLLM's OpenAIServingModels does: a worker answers only its own model
+            # and that model's adapters.
             return EngineResult.failure(
                 "model_not_found", f"The model {model!r} is not the one this worker holds "
-                f"({self.config.served_model_name!r}).")
+                f"({self.config.served_model_name!r}) nor one of its adapters.")
         spec = endpoint_spec(request.endpoint)
         prompt = spec.prompt_text(request.body)
         prompt_tokens = max(1, len(prompt.split()))
@@ -43,7 +45,9 @@ class SimulatedEngine(Engine):
                 f"Prompt length {prompt_tokens} exceeds model context {context}")
         limit = (request.body.get("max_completion_tokens") or request.body.get("max_tokens")
                  or context - prompt_tokens)
-        digest = hashlib.sha256(prompt.encode()).hexdigest()
+        # An adapter answers other text than its base model, as a real one would.
+        salt = f"{model}\n" if model in adapters else ""
+        digest = hashlib.sha256(f"{salt}{prompt}".encode()).hexdigest()
         words = [f"sim{digest[i:i + 4]}" for i in range(0, 32, 4)]
         completion_tokens = min(len(words), limit)
         text = " ".join(words[:completion_tokens])
@@ -53,7 +57,7 @@ class SimulatedEngine(Engine):
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": all_completions,
                  "total_tokens": prompt_tokens + all_completions}
         body = spec.simulated_body(request_id=request.request_id,
-                                   model=self.config.served_model_name,
+                                   model=model,
                                    created=int(time.time()), text=text,
                                    finish_reason=finish_reason, usage=usage,
                                    request_body=request.body)

@@ -14,6 +14,11 @@ parsing are vLLM's, not ours. What BatchGen adds:
 - the output body shape of the API contract (`reasoning_content`, `tool_calls`), which
   each endpoint's spec gives (batches/endpoints/).
 
+LoRA adapters are vLLM's too: the model's adapters are registered with
+`OpenAIServingModels` as `vllm serve --lora-modules` does, so a request naming one
+gets its `LoRARequest` from the serving layer, and one naming neither the model nor
+an adapter is refused there.
+
 One method per endpoint, `serve_<name>` for the spec named `name`.
 """
 
@@ -40,7 +45,7 @@ from vllm.entrypoints.openai.completion.protocol import (
     CompletionResponse,
 )
 from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
-from vllm.entrypoints.openai.models.protocol import BaseModelPath
+from vllm.entrypoints.openai.models.protocol import BaseModelPath, LoRAModulePath
 from vllm.entrypoints.openai.models.serving import OpenAIServingModels
 from vllm.entrypoints.pooling.embed.protocol import EmbeddingCompletionRequest
 from vllm.entrypoints.pooling.embed.serving import ServingEmbedding
@@ -204,6 +209,12 @@ class VllmEngine(Engine):
             # node's RAM for the KV cache and refuses to start when other processes
             # hold any of it. The CPU, not memory, bounds concurrency here.
             kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        if config.adapters:
+            kwargs.update(
+                enable_lora=True, max_loras=config.max_loras, max_lora_rank=config.max_lora_rank,
+                # Every registered adapter stays loaded in host memory: a batch naming
+                # one beyond max_loras swaps it onto the device, not in from disk.
+                max_cpu_loras=max(config.max_loras, len(config.adapters)))
         kwargs.update(config.engine_args)
         return AsyncEngineArgs(**kwargs)
 
@@ -229,7 +240,9 @@ class VllmEngine(Engine):
             disable_log_stats=engine_args.disable_log_stats,
         )
         try:
-            self._build_serving(llm)
+            models = self._build_serving(llm)
+            # Loads each adapter into the engine now: a bad one stops the start-up.
+            await models.init_static_loras()
         except BaseException:
             llm.shutdown()
             raise
@@ -241,21 +254,26 @@ class VllmEngine(Engine):
             self.max_context_length,
         )
 
-    def _build_serving(self, llm: AsyncLLM) -> None:
+    def _build_serving(self, llm: AsyncLLM) -> OpenAIServingModels:
         """The serving objects `init_app_state` would build for run_batch: the
-        embedding one for a pooling model, chat and completion for the others."""
+        embedding one for a pooling model, chat and completion for the others. The
+        models object knows the model and its adapters (loaded by the caller)."""
         config = self.config
         models = OpenAIServingModels(
             engine_client=llm,
             base_model_paths=[
                 BaseModelPath(name=config.served_model_name, model_path=config.model)
             ],
+            lora_modules=[LoRAModulePath(name=adapter.name, path=adapter.path,
+                                         base_model_name=config.served_model_name)
+                          for adapter in config.adapters] or None,
         )
         if llm.model_config.runner_type == "pooling":
             self._embedding = ServingEmbedding(
                 llm, models, request_logger=None, chat_template_config=ChatTemplateConfig())
-            return
-        self._build_generative_serving(llm, models)
+        else:
+            self._build_generative_serving(llm, models)
+        return models
 
     def _build_generative_serving(self, llm: AsyncLLM, models: OpenAIServingModels) -> None:
         config = self.config
@@ -325,8 +343,8 @@ class VllmEngine(Engine):
             return EngineResult.failure(
                 "engine_error", f"unexpected response type {type(response).__name__}"
             )
-        body = _output_body(response, ENDPOINTS[request.endpoint],
-                            self.config.served_model_name)
+        # Its `model` is vLLM's: the name of the model or of the adapter that answered.
+        body = _output_body(response, ENDPOINTS[request.endpoint])
         usage = body["usage"]
         return EngineResult(
             body=body,
@@ -422,10 +440,8 @@ def _dumped(response: Any) -> dict[str, Any] | ErrorResponse:
     return response
 
 
-def _output_body(body: dict[str, Any], spec: EndpointSpec,
-                 served_model_name: str) -> dict[str, Any]:
+def _output_body(body: dict[str, Any], spec: EndpointSpec) -> dict[str, Any]:
     """The response as the API contract shapes it (plain, JSON-serializable dict)."""
-    body["model"] = served_model_name
     usage = body.setdefault("usage", {})
     usage["completion_tokens"] = usage.get("completion_tokens") or 0
     usage["total_tokens"] = usage.get("prompt_tokens", 0) + usage["completion_tokens"]

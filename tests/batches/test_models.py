@@ -53,7 +53,7 @@ def validate(tmp_path: Path, lines, *, grouped: bool):
     path = tmp_path / "input.jsonl"
     path.write_bytes(jsonl(lines))
     return validate_file(path, endpoint="/v1/chat/completions", chunk_size=3,
-                         max_line_bytes=1 << 20, max_requests=1000, models={"m", "e"},
+                         max_line_bytes=1 << 20, max_requests=1000, models={"m": "m", "e": "e"},
                          order_path=tmp_path / "order" if grouped else None)
 
 
@@ -132,3 +132,30 @@ def test_chunks_made_before_chunks_named_a_model_go_to_the_default_models_queue(
         assert dispatch() == 3
 
     assert set(queues.values()) == {"inference.m"}
+
+
+def test_an_adapters_lines_join_its_base_models_chunks_and_queue(
+        create_batch, queues, settings, tmp_path, django_capture_on_commit_callbacks):
+    from inference.model_info import served_models
+
+    adapter = tmp_path / "sql"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"r": 8}')
+    settings.BATCHGEN_MODELS = f"m=/models/m,sql=lora:{adapter}@m"
+    settings.BATCHGEN_CHUNK_SIZE = 4
+    served_models.cache_clear()
+    try:
+        batch = create_batch([chat_line(f"r{i}", model=("m", "sql")[i % 2]) for i in range(8)])
+        with django_capture_on_commit_callbacks(execute=True):
+            services.batch_validate(batch_id=batch.id)
+        refused = create_batch([chat_line("a", model="sql"), chat_line("b", model="sql2")])
+        services.batch_validate(batch_id=refused.id)
+    finally:
+        served_models.cache_clear()
+
+    # One model's workers run both: its chunks mix the model's lines and its adapter's
+    chunks = list(Chunk.objects.filter(batch_id=batch.id))
+    assert [(chunk.model, chunk.count) for chunk in chunks] == [("m", 4), ("m", 4)]
+    assert set(queues.values()) == {"inference.m"}
+    refused.refresh_from_db()
+    assert [(e["code"], e["line"]) for e in refused.errors] == [("model_not_found", 2)]

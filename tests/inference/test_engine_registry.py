@@ -83,3 +83,13 @@ def test_the_vllm_engine_has_a_method_for_every_endpoint_it_serves():
 
     for url in engine_spec("vllm").endpoints:
         assert callable(getattr(VllmEngine, f"serve_{ENDPOINTS[url].name}", None)), url
+
+
+@pytest.mark.vllm
+def test_the_lora_ranks_the_vllm_spec_accepts_are_vllms_own():
+    # The spec spells them so that start-up checks need no vLLM import.
+    from typing import get_args
+
+    from vllm.config.lora import MaxLoRARanks
+
+    assert engine_spec("vllm").adapter_ranks == get_args(MaxLoRARanks)

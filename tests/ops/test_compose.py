@@ -117,10 +117,9 @@ def test_inference_service_runs_the_hosts_workers_under_one_supervisor(services)
     env = inference["environment"]
     assert env["BATCHGEN_INFERENCE_WORKERS"] == flags["--inference-workers"]
     assert env["BATCHGEN_GPUS_PER_WORKER"] == flags["--gpus-per-worker"]
-    # Healthy only when every worker of the host answers by its own node name
-    check = inference["healthcheck"]["test"][1]
-    assert "inspect ping" in check and "inference%g@$$HOSTNAME" in check
-    assert "$${BATCHGEN_INFERENCE_WORKERS:-1}" in check and "nodes? online" in check
+    # Healthy only when every worker of the host answers by its own node name, however
+    # many models it serves (pingworkers counts them as serve does)
+    assert inference["healthcheck"]["test"][:4] == ["CMD", "python", "manage.py", "pingworkers"]
     assert int(inference["stop_grace_period"].rstrip("s")) >= 30
 
 

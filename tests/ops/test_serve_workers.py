@@ -5,6 +5,7 @@ checked without a GPU; and the supervisor stopping them together."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -198,3 +199,60 @@ def test_a_group_of_workers_stops_in_the_time_of_one(tmp_path):
     assert all(p.process.returncode == 0 for p in workers)
     assert [[p.name for p in g] for g in supervisor._stop_groups()] == [
         ["inference4", "inference3", "inference2", "inference1"], ["web"]]
+
+
+# --- pingworkers: the inference service's health check ----------------------------------------
+
+
+@pytest.fixture
+def two_models_two_workers(settings):
+    from inference.model_info import served_models
+
+    settings.BATCHGEN_MODELS = "chat=/models/chat,embed=/models/embed"
+    settings.BATCHGEN_INFERENCE_WORKERS = 2
+    served_models.cache_clear()
+    yield
+    served_models.cache_clear()
+
+
+@pytest.fixture
+def pings(monkeypatch):
+    """Answer pings from the node names given; records the names pinged."""
+    from batchgen_site.celery import app
+
+    asked: list[str] = []
+    answering: set[str] = set()
+
+    def fake_ping(destination=None, timeout=None, **kwargs):
+        asked.extend(destination)
+        return [{name: {"ok": "pong"}} for name in destination if name in answering]
+
+    monkeypatch.setattr(app.control, "ping", fake_ping)
+    return asked, answering
+
+
+def test_pingworkers_pings_every_worker_serve_starts_for_every_model(
+        two_models_two_workers, pings):
+    from celery.utils.nodenames import host_format
+    from django.core.management import call_command
+
+    asked, answering = pings
+    started = [host_format(node_name(p)) for p in inference_programs()]
+    answering.update(started)
+    call_command("pingworkers")
+
+    assert len(started) == 4 and asked == started  # 2 per model, not the first 2
+
+
+def test_pingworkers_fails_naming_the_workers_that_did_not_answer(
+        two_models_two_workers, pings):
+    from celery.utils.nodenames import host_format
+    from django.core.management import call_command
+
+    asked, answering = pings
+    started = [host_format(node_name(p)) for p in inference_programs()]
+    answering.update(started[:3])
+
+    missing = re.escape(f"1 of 4 inference workers did not answer: {started[3]}")
+    with pytest.raises(CommandError, match=f"{missing}$"):
+        call_command("pingworkers")

@@ -20,7 +20,7 @@ from batchgen_site.config import SERVER_SETTINGS
 from batchgen_site.gpus import GpuSlicingError, gpu_slices, visible_gpus
 from batchgen_site.supervisor import Program, Supervisor
 from inference.engines.registry import engine_spec
-from inference.model_info import served_models
+from inference.model_info import ModelListError, served_adapters, served_models
 
 logger = logging.getLogger("batchgen.serve")
 
@@ -76,8 +76,8 @@ class Command(BaseCommand):
             # Settings were given as flags: re-run with them in the environment, so
             # this process and every child agree on one set of settings.
             os.execve(sys.executable, [sys.executable, *sys.argv], env)
-        # Programs first: a fleet that does not fit the host's GPUs is refused before
-        # anything starts.
+        # Programs first: a fleet that does not fit the host's GPUs, or a model list
+        # that cannot be served, is refused before anything starts.
         programs = self._programs(options)
         self._prepare(web=not options["inference_only"])
         Supervisor(programs).run()
@@ -113,6 +113,9 @@ class Command(BaseCommand):
                         ", ".join(model.endpoints), model.path)
             if engine.warning:
                 warnings.add(engine.warning)
+        for adapter in served_adapters():
+            logger.info("BatchGen: LoRA adapter %s (rank %s) on %s's workers, at %s",
+                        adapter.id, adapter.rank, adapter.base.id, adapter.path)
         listen_ip = os.environ.get("BATCHGEN_LISTEN_IP", "0.0.0.0")
         logger.info("BatchGen: broker=%s database=%s",
                     "embedded" if settings.BATCHGEN_EMBEDDED_BROKER else settings.CELERY_BROKER_URL,
@@ -131,10 +134,13 @@ class Command(BaseCommand):
         celery = [python, "-m", "celery", "-A", "batchgen_site"]
         ip = os.environ.get("BATCHGEN_LISTEN_IP", "0.0.0.0")
         port = os.environ.get("BATCHGEN_LISTEN_PORT", "10900")
+        try:
+            models = [model.id for model in served_models()]
+        except ModelListError as exc:
+            raise CommandError(str(exc)) from None
         inference = inference_workers(
             celery, workers=settings.BATCHGEN_INFERENCE_WORKERS,
-            gpus_per_worker=settings.BATCHGEN_GPUS_PER_WORKER,
-            models=[model.id for model in served_models()])
+            gpus_per_worker=settings.BATCHGEN_GPUS_PER_WORKER, models=models)
         if options["inference_only"]:
             if not inference:
                 raise CommandError("--inference-only with no inference worker to start")
@@ -172,6 +178,13 @@ class Command(BaseCommand):
         return programs
 
 
+def inference_node_names(*, workers: int, models: list[str] | None = None) -> list[str]:
+    """The Celery node names of the inference workers `serve` starts on a host,
+    `workers` per served model: inference1@%h, inference2@%h, ... (pingworkers
+    checks each of them)."""
+    return [f"inference{number}@%h" for number in range(1, workers * len(models or [""]) + 1)]
+
+
 def inference_workers(celery: list[str], *, workers: int, gpus_per_worker: int,
                       models: list[str] | None = None) -> list[Program]:
     """`workers` inference worker programs per served model, each with a Celery node
@@ -182,6 +195,7 @@ def inference_workers(celery: list[str], *, workers: int, gpus_per_worker: int,
     if workers < 0 or gpus_per_worker < 0:
         raise CommandError("--inference-workers and --gpus-per-worker must be 0 or more")
     models = models or [""]
+    names = inference_node_names(workers=workers, models=models)
     holds = [model for model in models for _ in range(workers)]  # each worker's model
     workers = len(holds)
     devices: list[str | None] = [None] * workers
@@ -198,7 +212,8 @@ def inference_workers(celery: list[str], *, workers: int, gpus_per_worker: int,
     # No gossip, no mingle: BatchGen's workers share their state through the database,
     # and with gossip every worker receives every other worker's heartbeat event (N^2
     # deliveries: at 1,000 workers, half a million a second, docs/deployment.md).
-    for number, (cuda_devices, model) in enumerate(zip(devices, holds, strict=True), start=1):
+    for number, (cuda_devices, model, node) in enumerate(
+            zip(devices, holds, names, strict=True), start=1):
         env = None
         queue = QueueName.INFERENCE.value
         if model:
@@ -209,7 +224,7 @@ def inference_workers(celery: list[str], *, workers: int, gpus_per_worker: int,
             env = {**(env or os.environ), "CUDA_VISIBLE_DEVICES": cuda_devices}
             logger.info("inference%s: CUDA_VISIBLE_DEVICES=%s", number, cuda_devices)
         programs.append(Program(f"inference{number}", [
-            *celery, "worker", "-Q", queue, "-n", f"inference{number}@%h",
+            *celery, "worker", "-Q", queue, "-n", node,
             "--without-gossip", "--without-mingle", "--loglevel", "INFO",
         ], env=env, group="inference"))
     return programs
