@@ -37,7 +37,7 @@ def test_a_batch_mixing_two_models_is_answered_by_each_models_own_worker(start_s
     def all_live():
         data = api.http.get("/v1/models").json()["data"]
         return [m["id"] for m in data] == list(NAMES) and all(m["live"] for m in data) and data
-    models = wait_until(all_live, timeout=60, message="all live")
+    models = wait_until(all_live, timeout=120, message="all live")
     assert all(m["workers"] == 1 and "/v1/chat/completions" in m["endpoints"] for m in models)
     assert [m["parent"] for m in models] == [None, None, "alpha"]
 
