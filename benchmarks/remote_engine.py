@@ -42,7 +42,13 @@ from _common import (  # noqa: E402
     wait_for_quiet,
     write_results,
 )
-from engine import CPU_KV_CACHE_BYTES, drive_batch, tree_cpu, write_input  # noqa: E402
+from engine import (  # noqa: E402
+    CPU_KV_CACHE_BYTES,
+    drive_batch,
+    same_texts,
+    tree_cpu,
+    write_input,
+)
 
 from tests.e2e.vllm_server import CPU_FLAGS, VllmServer  # noqa: E402
 
@@ -171,8 +177,7 @@ def report(runs: dict[str, list[dict]], startups: dict[str, float], *, count: in
                   / summary["in_process"]["tokens_per_s_median"], 3)
     by_round = [round(remote["tokens_per_s"] / local["tokens_per_s"], 3)
                 for remote, local in zip(runs["remote"], runs["in_process"], strict=True)]
-    same = sum(1 for key, text in runs["in_process"][0]["texts"].items()
-               if runs["remote"][0]["texts"].get(key) == text)
+    same = same_texts(runs["in_process"][0]["texts"], runs["remote"][0]["texts"])
     print(f"\nremote / in-process output tokens/s: {ratio} of medians, by round {by_round}")
     print(f"identical completions (greedy), first rounds: {same}/{count}")
     goal = ratio >= 0.9

@@ -5,8 +5,6 @@ vLLM server is killed and started again while the batch runs."""
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import httpx
 import pytest
@@ -20,15 +18,6 @@ REQUESTS = 40
 # Eight in flight at once: results come back in waves, so the server can be killed
 # with some lines written and others inside it.
 POOL_SIZE = 8
-
-
-@pytest.fixture
-def model_dir() -> Path:
-    path = os.environ.get("BATCHGEN_TEST_MODEL_DIR")
-    if not path or not (Path(path) / "config.json").exists():
-        pytest.fail("BATCHGEN_TEST_MODEL_DIR must name the prepared default model "
-                    "(`make test` prepares it)")
-    return Path(path)
 
 
 @pytest.fixture

@@ -103,7 +103,7 @@ class OpenAIStub:
     # --- handlers -------------------------------------------------------------------------
 
     async def _models(self, request: web.Request) -> web.Response:
-        self.seen.append(Seen("models", {}, {k.lower(): v for k, v in request.headers.items()}, time.monotonic()))
+        self.seen.append(Seen("models", {}, _headers(request), time.monotonic()))
         if self.models_status != 200:
             return web.json_response({"error": {"message": "not yet"}},
                                      status=self.models_status)
@@ -111,7 +111,7 @@ class OpenAIStub:
 
     async def _post(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        seen = Seen(request.match_info["path"], body, {k.lower(): v for k, v in request.headers.items()}, time.monotonic())
+        seen = Seen(request.match_info["path"], body, _headers(request), time.monotonic())
         self.seen.append(seen)
         answer = self.script.popleft() if self.script else Answer()
         try:
@@ -124,3 +124,7 @@ class OpenAIStub:
             return web.Response()
         payload = answer.json if answer.json is not None else completion(body)
         return web.json_response(payload, status=answer.status, headers=answer.headers)
+
+
+def _headers(request: web.Request) -> dict[str, str]:
+    return {name.lower(): value for name, value in request.headers.items()}

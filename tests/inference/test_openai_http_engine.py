@@ -262,7 +262,9 @@ async def test_start_fails_at_once_when_the_server_does_not_serve_the_model(stub
     assert time.monotonic() - began < 5
 
 
-def test_the_served_models_take_the_remote_context(settings, stub):
+def served_remote_model(settings, stub: OpenAIStub):
+    """The one served model of BATCHGEN_MODELS naming the stub's model, as the web
+    process reads it."""
     from inference.model_info import served_models
 
     settings.BATCHGEN_ENGINE_URL = stub.url
@@ -272,6 +274,11 @@ def test_the_served_models_take_the_remote_context(settings, stub):
         [model] = served_models()
     finally:
         served_models.cache_clear()
+    return model
+
+
+def test_the_served_models_take_the_remote_context(settings, stub):
+    model = served_remote_model(settings, stub)
     assert (model.id, model.path, model.engine) == ("m", MODEL, "openai-http")
     assert model.max_context_length == MAX_MODEL_LEN
     # What the model does is the server's business: every endpoint goes through.
@@ -279,14 +286,5 @@ def test_the_served_models_take_the_remote_context(settings, stub):
 
 
 def test_the_served_models_show_no_context_while_the_server_is_down(settings, stub):
-    from inference.model_info import served_models
-
     stub.stop()
-    settings.BATCHGEN_ENGINE_URL = stub.url
-    settings.BATCHGEN_MODELS = f"m={MODEL}:openai-http"
-    served_models.cache_clear()
-    try:
-        [model] = served_models()
-    finally:
-        served_models.cache_clear()
-    assert model.max_context_length == 0
+    assert served_remote_model(settings, stub).max_context_length == 0
