@@ -249,7 +249,7 @@ class OpenAIHttpEngine(Engine):
         body = self._body(request, spec)
         path = request.endpoint.removeprefix("/v1/")
         response = await self._send(path, body, request.request_id)
-        if (response.status_code == 400 and "priority" in body
+        if (response.status_code in (400, 422) and "priority" in body
                 and "priority" in response.text.lower()):
             self._refuses_priority(response)
             body.pop("priority")
@@ -271,8 +271,10 @@ class OpenAIHttpEngine(Engine):
         """The request as the server takes it: its own model id, one full answer, the
         batch's priority and, under a batch-level context cap, an output limit no
         larger than the cap."""
-        body = {**request.body, "model": self.config.model, "stream": False}
-        body.pop("stream_options", None)
+        body = {**request.body, "model": self.config.model}
+        if spec.generates:
+            body.update(stream=False)
+            body.pop("stream_options", None)
         if self._priority is not None:
             body["priority"] = self._priority
         cap = request.max_context_length
@@ -301,8 +303,11 @@ class OpenAIHttpEngine(Engine):
                                                                   max=RETRY_WAIT_MAX)),
                     before_sleep=self._retrying, reraise=True):
                 with attempt:
+                    # vLLM takes the header as its request id, which must be unique
+                    # while in flight: an abandoned attempt may still be inside it.
+                    number = attempt.retry_state.attempt_number
                     response = await self._client.post(
-                        path, json=body, headers={"X-Request-Id": request_id})
+                        path, json=body, headers={"X-Request-Id": f"{request_id}-{number}"})
                     if response.status_code in RETRYABLE_STATUSES:
                         raise _RetryableStatus(response)
         except _RetryableStatus as exc:
@@ -390,9 +395,9 @@ def _failure(response: httpx.Response) -> EngineResult:
         return EngineResult.failure("context_length_exceeded", text)
     if status == 404 and "model" in lowered:
         return EngineResult.failure("model_not_found", text)
-    if 400 <= status < 500:
+    if 400 <= status < 500 and status not in RETRYABLE_STATUSES:
         return EngineResult.failure("invalid_request", text)
-    return EngineResult.failure("engine_error", text)
+    return EngineResult.failure("engine_error", text)  # the server's trouble, not the line's
 
 
 def _timed_out(error: Exception, timeout: float) -> httpx.Response:

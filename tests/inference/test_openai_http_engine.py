@@ -63,7 +63,7 @@ async def test_a_request_goes_to_the_servers_endpoint_under_its_model_id(stub):
     assert sent.path == "chat/completions"
     assert sent.body["model"] == MODEL and sent.body["priority"] == 100
     assert sent.body["stream"] is False and sent.body["max_completion_tokens"] == 5
-    assert sent.headers["x-request-id"] == "b-0-0-1"
+    assert sent.headers["x-request-id"] == "b-0-0-1-1"  # the attempt's number added
     assert engine.max_context_length == MAX_MODEL_LEN
     # The output is BatchGen's: its model id, no nulls, the contract's message fields.
     assert result.error is None and result.body["model"] == "m"
@@ -122,12 +122,15 @@ async def test_429_502_503_504_are_retried_and_retry_after_is_honoured(stub):
     assert result.error is None and result.body["choices"][0]["message"]["content"] == "Paris."
     attempts = stub.posts()
     assert len(attempts) == 5
+    assert [seen.headers["x-request-id"] for seen in attempts] == [
+        f"b-0-0-1-{number}" for number in range(1, 6)]
     # Without Retry-After the first backoff is under a second (full jitter from 0.5 s).
     assert attempts[1].at - attempts[0].at >= 2.0
 
 
-async def test_retries_stop_after_the_retry_time_with_the_last_answer_as_the_error(stub):
-    stub.answer(*[Answer(503, {"error": {"message": "overloaded"}})] * 100)
+@pytest.mark.parametrize("status", [503, 429])
+async def test_retries_stop_after_the_retry_time_with_the_last_answer_as_the_error(stub, status):
+    stub.answer(*[Answer(status, {"error": {"message": "overloaded"}})] * 100)
     engine = await started(engine_for(stub, engine_retry_seconds=1.5))
     began = time.monotonic()
     try:
@@ -138,7 +141,7 @@ async def test_retries_stop_after_the_retry_time_with_the_last_answer_as_the_err
     assert time.monotonic() - began < 1.5 + 1.0
     assert len(stub.posts()) >= 2
     assert result.error == {"code": "engine_error",
-                            "message": "overloaded (HTTP 503 from the engine server)"}
+                            "message": f"overloaded (HTTP {status} from the engine server)"}
 
 
 async def test_a_slow_answer_times_out_and_is_retried_then_fails_alone(stub):
@@ -204,9 +207,17 @@ async def test_cancelling_a_request_aborts_it_on_the_server(stub):
     assert len(stub.posts()) == 1, "a cancelled request is not retried"
 
 
-async def test_a_server_refusing_the_priority_field_is_sent_none_after(stub, caplog):
-    stub.answer(Answer(400, {"error": {"message": "Got priority 100 but Priority scheduling "
-                                                  "is not enabled."}}))
+# How servers refuse the field: older vLLM without --scheduling-policy priority, and
+# a server whose request model forbids unknown fields.
+REFUSALS = [Answer(400, {"error": {"message": "Got priority 100 but Priority scheduling is "
+                                              "not enabled."}}),
+            Answer(422, {"detail": [{"loc": ["body", "priority"],
+                                     "msg": "Extra inputs are not permitted"}]})]
+
+
+@pytest.mark.parametrize("refusal", REFUSALS, ids=["400", "422"])
+async def test_a_server_refusing_the_priority_field_is_sent_none_after(stub, caplog, refusal):
+    stub.answer(refusal)
     engine = await started(engine_for(stub))
     try:
         with caplog.at_level(logging.WARNING, "inference.engines.openai_http"):
