@@ -44,7 +44,8 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
             "512)"),
     # The engines and the settings each reads: inference/engines/registry.py.
     Setting("--engine", "BATCHGEN_ENGINE", "vllm",
-            "'vllm' (default) or 'simulated' (load and fault tests only)"),
+            "'vllm' (default), 'openai-http' (a remote OpenAI-compatible server, "
+            "--engine-url) or 'simulated' (load and fault tests only)"),
     Setting("--max-intake-capacity", "BATCHGEN_MAX_INTAKE_CAPACITY", "1000000",
             "requests admitted and not yet finished, across all batches"),
     Setting("--max-pool-size", "BATCHGEN_MAX_POOL_SIZE", "10240",
@@ -66,6 +67,27 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
             "capacity; unlimited for the simulated engine)"),
     Setting("--sim-latency-ms", "BATCHGEN_SIM_LATENCY_MS", "0",
             "time per request of the simulated engine"),
+    # The openai-http engine (inference/engines/openai_http.py): an OpenAI-compatible
+    # server does the inference. Its timeouts are long because a batch request waits
+    # in the server's queue behind interactive traffic (the priority below).
+    Setting("--engine-url", "BATCHGEN_ENGINE_URL", "",
+            "base URL of the OpenAI-compatible server the openai-http engine sends "
+            "requests to, e.g. http://gpu-pool:8000/v1"),
+    Setting("--engine-api-key", "BATCHGEN_ENGINE_API_KEY", "",
+            "bearer token for that server (prefer the variable: a flag shows in ps)"),
+    Setting("--engine-timeout", "BATCHGEN_ENGINE_TIMEOUT_SECONDS", "600",
+            "seconds the openai-http engine waits for one answer before retrying it"),
+    Setting("--engine-retry-seconds", "BATCHGEN_ENGINE_RETRY_SECONDS", "600",
+            "seconds a request is retried (connection errors, 429, 502-504, timeouts) "
+            "before it fails; an unreachable server then hands the chunks back instead"),
+    Setting("--engine-start-timeout", "BATCHGEN_ENGINE_START_TIMEOUT_SECONDS", "900",
+            "seconds an openai-http worker waits at start for the server to list its model"),
+    # vLLM's `priority` request field: lower is served earlier, interactive requests
+    # have 0, so batch requests go behind them where the server runs
+    # --scheduling-policy priority (docs/deployment.md).
+    Setting("--engine-priority", "BATCHGEN_ENGINE_PRIORITY", "100",
+            "priority sent with each openai-http request (vLLM: lower = earlier, "
+            "interactive traffic has 0); empty: none sent"),
     Setting("--prefix-grouping", "BATCHGEN_PREFIX_GROUPING", "true",
             "group requests sharing a prompt prefix into the same chunks ('false' to turn off)"),
     Setting("--flower-port", "BATCHGEN_FLOWER_PORT", "5555", "Flower's port (0 = no Flower)"),

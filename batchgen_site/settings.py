@@ -73,6 +73,22 @@ BATCHGEN_SIM_LATENCY_MS = env.float("BATCHGEN_SIM_LATENCY_MS",
                                     default=float(setting_default("BATCHGEN_SIM_LATENCY_MS")))
 BATCHGEN_ENGINE_ARGS = json.loads(env("BATCHGEN_ENGINE_ARGS",
                                       default=setting_default("BATCHGEN_ENGINE_ARGS")))
+# The openai-http engine's server (inference/engines/openai_http.py).
+BATCHGEN_ENGINE_URL = env("BATCHGEN_ENGINE_URL", default=setting_default("BATCHGEN_ENGINE_URL"))
+BATCHGEN_ENGINE_API_KEY = env("BATCHGEN_ENGINE_API_KEY", default="")
+BATCHGEN_ENGINE_TIMEOUT_SECONDS = env.float(
+    "BATCHGEN_ENGINE_TIMEOUT_SECONDS",
+    default=float(setting_default("BATCHGEN_ENGINE_TIMEOUT_SECONDS")))
+BATCHGEN_ENGINE_RETRY_SECONDS = env.float(
+    "BATCHGEN_ENGINE_RETRY_SECONDS",
+    default=float(setting_default("BATCHGEN_ENGINE_RETRY_SECONDS")))
+BATCHGEN_ENGINE_START_TIMEOUT_SECONDS = env.float(
+    "BATCHGEN_ENGINE_START_TIMEOUT_SECONDS",
+    default=float(setting_default("BATCHGEN_ENGINE_START_TIMEOUT_SECONDS")))
+# Empty: no priority field is sent (a server that refuses it).
+_ENGINE_PRIORITY = env("BATCHGEN_ENGINE_PRIORITY",
+                       default=setting_default("BATCHGEN_ENGINE_PRIORITY")).strip()
+BATCHGEN_ENGINE_PRIORITY = int(_ENGINE_PRIORITY) if _ENGINE_PRIORITY else None
 BATCHGEN_MAX_UPLOAD_BYTES = env.int("BATCHGEN_MAX_UPLOAD_BYTES", default=10 * 1024**3)
 BATCHGEN_MAX_LINE_BYTES = env.int("BATCHGEN_MAX_LINE_BYTES", default=16 * 1024**2)
 BATCHGEN_MAX_REQUESTS_PER_BATCH = env.int("BATCHGEN_MAX_REQUESTS_PER_BATCH", default=1_000_000)
@@ -296,5 +312,8 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
                              "filters": ["client_faults_as_warnings"]}},
     "root": {"handlers": ["console"], "level": env("BATCHGEN_LOG_LEVEL", default="INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {"django.db.backends": {"level": "WARNING"},
+                # One INFO line per request would flood the log of a worker whose
+                # engine is a remote server (the openai-http engine logs what matters).
+                "httpx": {"level": "WARNING"}},
 }

@@ -284,10 +284,19 @@ def run_batchgen(input_path: Path, model: str, work: Path, timeout: float, *,
         env["BATCHGEN_ENGINE_ARGS"] = engine_args
     storage = work / name
     started = time.perf_counter()
-    with running_server(storage, engine="vllm", ready_timeout=900, **env) as server, \
-            httpx.Client(base_url=server.base_url, timeout=600) as http:
+    with running_server(storage, engine="vllm", ready_timeout=900, **env) as server:
         startup = time.perf_counter() - started
         noise = wait_for_quiet()  # the server's own start-up work included
+        result = drive_batch(server, input_path, timeout, endpoint=endpoint, read=read)
+    return {"startup_s": startup, "noise_before_run": noise, "engine_args": engine_args,
+            **result}
+
+
+def drive_batch(server, input_path: Path, timeout: float, *, endpoint: str = CHAT,
+                read: Callable[[list[bytes]], dict] = read_usage) -> dict:
+    """One batch through a running BatchGen, as a client: upload, create, poll every
+    0.25 s, download; the run is all of it."""
+    with httpx.Client(base_url=server.base_url, timeout=600) as http:
         cpu_before, busy_before = server_cpu_seconds(server), machine_busy()
         t0 = time.perf_counter()
         with input_path.open("rb") as fh:
@@ -312,11 +321,10 @@ def run_batchgen(input_path: Path, model: str, work: Path, timeout: float, *,
         run = time.perf_counter() - t0
         cpu = cpu_delta(server_cpu_seconds(server), cpu_before)
         busy = round(machine_busy() - busy_before, 1)
-        timeline = server_timeline(storage, batch["id"])
+        timeline = server_timeline(server.storage, batch["id"])
     usage = read(content.content.splitlines())
-    return {"startup_s": startup, "run_s": run, "server_timeline": timeline,
-            "cpu_seconds": cpu, "machine_busy_cpu_s": busy, "noise_before_run": noise,
-            "request_counts": batch["request_counts"], "engine_args": engine_args, **usage}
+    return {"run_s": run, "server_timeline": timeline, "cpu_seconds": cpu,
+            "machine_busy_cpu_s": busy, "request_counts": batch["request_counts"], **usage}
 
 
 # --- report -----------------------------------------------------------------------------

@@ -93,9 +93,9 @@ def parse_models(value: str) -> list[ModelEntry]:
 
 def _model_info(*, name: str | None, path: Path, engine_name: str) -> ModelInfo:
     engine = engine_spec(engine_name)
-    context = None
+    context = engine.model_context(path)  # a remote server's word, else the folder's
     config = path / "config.json"
-    if config.exists():
+    if context is None and config.exists():
         data = json.loads(config.read_text())
         context = data.get("max_position_embeddings") or data.get("max_seq_len")
     # A sentence-transformers model embeds at most its max_seq_length tokens, and

@@ -38,6 +38,14 @@ class EngineConfig:
     # Passed through to vLLM's AsyncEngineArgs (GPU users: tensor_parallel_size,
     # gpu_memory_utilization, max_num_seqs, dtype, quantization, ...).
     engine_args: dict[str, Any] = field(default_factory=dict)
+    # The openai-http engine: its server (`model` is then the id that server serves),
+    # its timeouts in seconds and the priority its requests carry (None: none sent).
+    engine_url: str = ""
+    engine_api_key: str = ""
+    engine_timeout: float = 600.0
+    engine_retry_seconds: float = 600.0
+    engine_start_timeout: float = 900.0
+    engine_priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,10 @@ class EngineSpec:
     serves_adapters: bool = False
     adapter_ranks: tuple[int, ...] | None = None
     warning: str | None = None  # logged at start-up
+    # For an engine whose model is not a local folder (a remote server): a
+    # "module:function" taking the model entry's path and returning its context
+    # length, or None when it cannot tell. Imported on first use, like engine_class.
+    describe_model: str | None = None
 
     def engine(self, config: EngineConfig) -> Engine:
         module, _, name = self.engine_class.partition(":")
@@ -58,6 +62,13 @@ class EngineSpec:
     def config_options(self, settings: Any) -> dict[str, Any]:
         """This engine's own EngineConfig fields, read from Django's settings."""
         return {option: getattr(settings, setting) for option, setting in self.settings.items()}
+
+    def model_context(self, model_path: Path) -> int | None:
+        """The model's context as the engine tells it (None: read its folder)."""
+        if self.describe_model is None:
+            return None
+        module, _, name = self.describe_model.partition(":")
+        return getattr(importlib.import_module(module), name)(str(model_path))
 
     def endpoints_for(self, model_path: Path) -> tuple[str, ...]:
         """The endpoints this engine serves with the model at `model_path`."""
@@ -120,4 +131,20 @@ register(EngineSpec(
     default_context=SIMULATED_CONTEXT,
     warning="the SIMULATED engine is running: output is synthetic, for load and fault "
             "tests only",
+))
+register(EngineSpec(
+    name="openai-http",
+    engine_class="inference.engines.openai_http:OpenAIHttpEngine",
+    settings={
+        "engine_url": "BATCHGEN_ENGINE_URL",
+        "engine_api_key": "BATCHGEN_ENGINE_API_KEY",
+        "engine_timeout": "BATCHGEN_ENGINE_TIMEOUT_SECONDS",
+        "engine_retry_seconds": "BATCHGEN_ENGINE_RETRY_SECONDS",
+        "engine_start_timeout": "BATCHGEN_ENGINE_START_TIMEOUT_SECONDS",
+        "engine_priority": "BATCHGEN_ENGINE_PRIORITY",
+    },
+    # The model entry's path is the id the remote server serves; what that model does
+    # is the server's business: a line it cannot serve gets the server's error.
+    model_decides=False,
+    describe_model="inference.engines.openai_http:remote_context",
 ))

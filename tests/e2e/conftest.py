@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from tests.e2e.harness import Api, Server, server_env
@@ -29,6 +32,16 @@ def start_server(tmp_path):
     yield _start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    """The prepared default model, for the tests that run real vLLM."""
+    path = os.environ.get("BATCHGEN_TEST_MODEL_DIR")
+    if not path or not (Path(path) / "config.json").exists():
+        pytest.fail("BATCHGEN_TEST_MODEL_DIR must name the prepared default model "
+                    "(`make test` prepares it)")
+    return Path(path)
 
 
 def pytest_collection_modifyitems(items):

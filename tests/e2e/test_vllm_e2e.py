@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
@@ -13,15 +11,6 @@ from tests.e2e.harness import wait_until
 pytestmark = pytest.mark.vllm
 
 QUESTIONS = ["What is the capital of France?", "Name a primary colour.", "What is 2 + 2?"]
-
-
-@pytest.fixture(scope="module")
-def model_dir() -> Path:
-    path = os.environ.get("BATCHGEN_TEST_MODEL_DIR")
-    if not path or not (Path(path) / "config.json").exists():
-        pytest.fail("BATCHGEN_TEST_MODEL_DIR must name the prepared default model "
-                    "(`make test` prepares it)")
-    return Path(path)
 
 
 def chat_input(long_prompt: str) -> bytes:
