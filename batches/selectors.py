@@ -6,7 +6,7 @@ from django.db.models import QuerySet, Sum
 
 from batches.models import ACTIVE_STATUSES, Batch, LineError
 from batchgen_site.models import KeyUsage
-from batchgen_site.pagination import invalid_cursor, newest_first
+from batchgen_site.pagination import newest_first
 
 
 def batch_list(*, after: str | None, owner=None) -> QuerySet[Batch]:

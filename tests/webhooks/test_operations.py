@@ -8,7 +8,7 @@ import io
 import pytest
 from django.core.management import CommandError, call_command
 
-from batchgen import BatchGenHttpClient, BadRequestError, NotFoundError
+from batchgen import BadRequestError, BatchGenHttpClient, NotFoundError
 from batchgen.webhooks import verify
 from webhooks import services
 from webhooks.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
