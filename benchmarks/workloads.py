@@ -6,11 +6,11 @@ Workloads (sizes at --scale 1; every count scales with --scale):
   a  short unique prompts: 192 one-line questions, max_tokens 64 (engine.py's kind);
   b  a support desk: 160 chat requests over 8 system prompts of about 450 tokens,
      shuffled, one short user question each, max_tokens 16-64;
-  c  many long prefixes under a small KV cache: 320 requests over 16 system prompts
-     of about 900 tokens, shuffled, max_tokens 16-32, with the KV cache of every path
-     cut to --c-kv-tokens (6,144 tokens: about 6 of the 16 prefixes; the issue's
-     example, 1,000 requests over 32 prefixes of 1-2k tokens, takes over an hour a
-     path on this 2-core machine);
+  c  more prefix than the KV cache holds: 480 requests over 24 system prompts of
+     about 2,000 tokens, shuffled, max_tokens 16-32. The prefixes come to about 48k
+     tokens, twice the 23,296 tokens of the 1 GiB KV cache every path has (the
+     issue's example, 1,000 requests over 32 prefixes of 1-2k tokens, is the same
+     ratio; it takes over an hour a path on this 2-core machine);
   d  a long tail of output lengths: 96 requests, 85 % asking max_tokens 16-48 and
      15 % 256-384 of prompts that make the model write at length;
   e  many small batches at once: 16 batches of 12 short requests, max_tokens 48,
@@ -20,18 +20,20 @@ Workloads (sizes at --scale 1; every count scales with --scale):
 Paths, run in interleaved rounds (round 1: raw, run_batch, BatchGen; round 2 ...):
 
   raw       `LLM.chat` with every request of a workload, in a child process that runs
-            the workloads one after the other (one engine for a..e, another for c);
+            the workloads one after the other on one engine (by default only a,
+            where its goal is: --raw-workloads);
   run_batch vLLM's batch runner in-process: its own argument parser, engine client
             and `run_batch(engine_client, args)` (what `python -m
             vllm.entrypoints.openai.run_batch` runs), once per workload on one warm
-            engine per round (another for c), as BatchGen runs on a warm server;
+            engine per round, as BatchGen runs on a warm server;
   batchgen  `manage.py serve` (vllm engine), one warm server per round running the
-            workloads one after the other (another for c, with its small KV cache);
+            workloads one after the other;
             upload, create, poll every 0.25 s, download;
-  batchgen_nogroup  (c only) BatchGen with BATCHGEN_PREFIX_GROUPING=false.
+  batchgen_nogroup  (c only) BatchGen with BATCHGEN_PREFIX_GROUPING=false, its own
+            server.
 
 All paths get BatchGen's CPU engine settings (float32, enforce_eager, prefix caching,
-generation_config vllm, 1 GiB KV cache unless cut for c) and the batch runner's
+generation_config vllm, 1 GiB KV cache unless --kv-tokens says otherwise) and the batch runner's
 scheduler limits (128 sequences, 2,048 batched tokens).
 
 Reported per path and workload: output tokens/s and requests/s over the run, the
@@ -174,7 +176,7 @@ def long_tail_lines(model: str, count: int) -> list[dict]:
     return lines
 
 
-def build_workloads(work: Path, model: str, scale: float, c_kv_tokens: int) -> dict[str, dict]:
+def build_workloads(work: Path, model: str, scale: float) -> dict[str, dict]:
     """Every workload's input files: `batches` (what BatchGen gets: one file, or
     several for e) and `joined` (raw and run_batch: one file)."""
     n = lambda count: max(2, round(count * scale))  # noqa: E731
@@ -182,8 +184,8 @@ def build_workloads(work: Path, model: str, scale: float, c_kv_tokens: int) -> d
         "a": [short_lines("a", model, n(192), 64)],
         "b": [shared_prefix_lines("b", model, requests=n(160), prefixes=8, prefix_tokens=450,
                                   out=(16, 64))],
-        "c": [shared_prefix_lines("c", model, requests=n(320), prefixes=16,
-                                  prefix_tokens=900, out=(16, 32))],
+        "c": [shared_prefix_lines("c", model, requests=n(480), prefixes=24,
+                                  prefix_tokens=2000, out=(16, 32))],
         "d": [long_tail_lines(model, n(96))],
         "e": [short_lines(f"e{b}-", model, n(12), 48) for b in range(16)],
     }
@@ -201,7 +203,6 @@ def build_workloads(work: Path, model: str, scale: float, c_kv_tokens: int) -> d
         workloads[name] = {
             "batches": paths, "joined": joined,
             "requests": sum(len(b) for b in batches),
-            "kv_bytes": c_kv_tokens * KV_BYTES_PER_TOKEN if name == "c" else CPU_KV_CACHE_BYTES,
         }
     return workloads
 
@@ -481,8 +482,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--paths", default="raw,run_batch,batchgen,batchgen_nogroup")
-    parser.add_argument("--c-kv-tokens", type=int, default=6144,
-                        help="KV cache of every path on workload c, in tokens")
+    parser.add_argument("--kv-tokens", type=int, default=0,
+                        help="KV cache of every path, in tokens (default: BatchGen's 1 GiB)")
+    parser.add_argument("--raw-workloads", default="a",
+                        help="workloads raw vLLM runs too (its goal is on a only)")
     parser.add_argument("--model", default=str(DEFAULT_MODEL))
     parser.add_argument("--timeout", type=float, default=1800, help="per run, seconds")
     parser.add_argument("--name", default="workloads")
@@ -517,34 +520,30 @@ def main() -> None:
     t_start = time.monotonic()
     with scratch_dir("workloads", keep=args.keep) as work:
         # The name BatchGen serves the model by (its folder's); run_batch is told the same.
-        workloads = build_workloads(work, Path(args.model).name, args.scale, args.c_kv_tokens)
-        big = [w for w in chosen if w != "c"]
-        small = [w for w in chosen if w == "c"]
+        workloads = build_workloads(work, Path(args.model).name, args.scale)
+        kv = args.kv_tokens * KV_BYTES_PER_TOKEN if args.kv_tokens else CPU_KV_CACHE_BYTES
+        raw_group = [w for w in chosen if w in args.raw_workloads.split(",")]
         for round_no in range(1, args.rounds + 1):
-            for group, kv in ((big, CPU_KV_CACHE_BYTES),
-                              (small, args.c_kv_tokens * KV_BYTES_PER_TOKEN)):
-                if not group:
-                    continue
-                tag = f"{round_no}-{'c' if group is small else 'main'}"
-                if "raw" in paths:
-                    print(f"round {round_no}: raw {group}", flush=True)
-                    wait_for_quiet(timeout=QUIET_WAIT)
-                    keep("raw", run_raw(group, workloads, kv, args.model, work, tag,
-                                        args.timeout))
-                if "run_batch" in paths:
-                    print(f"round {round_no}: run_batch {group}", flush=True)
-                    wait_for_quiet(timeout=QUIET_WAIT)
-                    keep("run_batch", run_run_batch(group, workloads, kv, args.model, work, tag,
-                                                    args.timeout))
-                if "batchgen" in paths:
-                    print(f"round {round_no}: batchgen {group}", flush=True)
-                    keep("batchgen", run_batchgen(group, workloads, kv, args.model, work, tag,
-                                                  args.timeout))
-                if "batchgen_nogroup" in paths and group is small:
-                    print(f"round {round_no}: batchgen, grouping off {group}", flush=True)
-                    keep("batchgen_nogroup", run_batchgen(group, workloads, kv, args.model, work,
-                                                          f"{tag}-nogroup", args.timeout,
-                                                          grouping=False))
+            tag = str(round_no)
+            if "raw" in paths and raw_group:
+                print(f"round {round_no}: raw {raw_group}", flush=True)
+                wait_for_quiet(timeout=QUIET_WAIT)
+                keep("raw", run_raw(raw_group, workloads, kv, args.model, work, tag,
+                                    args.timeout))
+            if "run_batch" in paths:
+                print(f"round {round_no}: run_batch {chosen}", flush=True)
+                wait_for_quiet(timeout=QUIET_WAIT)
+                keep("run_batch", run_run_batch(chosen, workloads, kv, args.model, work, tag,
+                                                args.timeout))
+            if "batchgen" in paths:
+                print(f"round {round_no}: batchgen {chosen}", flush=True)
+                keep("batchgen", run_batchgen(chosen, workloads, kv, args.model, work, tag,
+                                              args.timeout))
+            if "batchgen_nogroup" in paths and "c" in chosen:
+                print(f"round {round_no}: batchgen, grouping off, c", flush=True)
+                keep("batchgen_nogroup", run_batchgen(["c"], workloads, kv, args.model, work,
+                                                      f"{tag}-nogroup", args.timeout,
+                                                      grouping=False))
             # What the rounds so far gave, in case the run is cut short.
             report(runs, workloads, args, time.monotonic() - t_start)
 
@@ -624,10 +623,10 @@ def report(runs: dict, workloads: dict, args, elapsed: float) -> None:
         print(f"goal {goal}: {'MET' if met else 'NOT MET'}")
     print(f"whole run: {elapsed / 60:.1f} min")
     write_results(args.name, {
-        "scale": args.scale, "rounds": args.rounds, "c_kv_tokens": args.c_kv_tokens,
+        "scale": args.scale, "rounds": args.rounds, "kv_tokens": args.kv_tokens or None,
         "elapsed_min": round(elapsed / 60, 1), "model": args.model,
         "workloads": {k: {"title": TITLES[k], "requests": v["requests"],
-                          "batches": len(v["batches"]), "kv_bytes": v["kv_bytes"]}
+                          "batches": len(v["batches"])}
                       for k, v in workloads.items()},
         "summary": summary, "ratios": ratios, "goals": goals, "runs": runs,
     })
