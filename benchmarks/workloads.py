@@ -176,7 +176,8 @@ def long_tail_lines(model: str, count: int) -> list[dict]:
     return lines
 
 
-def build_workloads(work: Path, model: str, scale: float) -> dict[str, dict]:
+def build_workloads(work: Path, model: str, scale: float, c_shape: tuple[int, int, int]
+                    ) -> dict[str, dict]:
     """Every workload's input files: `batches` (what BatchGen gets: one file, or
     several for e) and `joined` (raw and run_batch: one file)."""
     n = lambda count: max(2, round(count * scale))  # noqa: E731
@@ -184,8 +185,8 @@ def build_workloads(work: Path, model: str, scale: float) -> dict[str, dict]:
         "a": [short_lines("a", model, n(192), 64)],
         "b": [shared_prefix_lines("b", model, requests=n(160), prefixes=8, prefix_tokens=450,
                                   out=(16, 64))],
-        "c": [shared_prefix_lines("c", model, requests=n(480), prefixes=24,
-                                  prefix_tokens=2000, out=(16, 32))],
+        "c": [shared_prefix_lines("c", model, requests=c_shape[0] or n(480),
+                                  prefixes=c_shape[1], prefix_tokens=c_shape[2], out=(16, 32))],
         "d": [long_tail_lines(model, n(96))],
         "e": [short_lines(f"e{b}-", model, n(12), 48) for b in range(16)],
     }
@@ -304,12 +305,18 @@ def raw_child(spec_path: Path) -> None:
 
 def run_raw(names: list[str], workloads: dict, kv_bytes: int, model: str, work: Path,
             tag: str, timeout: float) -> dict[str, dict]:
-    spec_path = work / f"raw-{tag}.json"
-    log = work / f"raw-{tag}.log"
-    spec_path.write_text(json.dumps({"model": model, "kv_bytes": kv_bytes, "workloads": [
-        (name, str(workloads[name]["joined"])) for name in names]}))
+    return run_child("raw", work / f"raw-{tag}", timeout, {
+        "model": model, "kv_bytes": kv_bytes,
+        "workloads": [(name, str(workloads[name]["joined"])) for name in names]})
+
+
+def run_child(kind: str, base: Path, timeout: float, spec: dict) -> dict[str, dict]:
+    """This script as a child (`--raw-child` or `--run-batch-child`) on `spec`; its
+    figures per workload, with the engine's series read from its log."""
+    spec_path, log = base.with_suffix(".json"), base.with_suffix(".log")
+    spec_path.write_text(json.dumps(spec))
     with log.open("wb") as fh:
-        subprocess.run([sys.executable, __file__, "--raw-child", str(spec_path)],
+        subprocess.run([sys.executable, __file__, f"--{kind}-child", str(spec_path)],
                        stdout=fh, stderr=subprocess.STDOUT, check=True, timeout=timeout)
     result = json.loads(spec_path.with_suffix(".out.json").read_text())
     for found in result["workloads"].values():
@@ -379,19 +386,9 @@ def run_run_batch(names: list[str], workloads: dict, kv_bytes: int, model: str, 
     argv = []
     for flag, value in flags.items():
         argv += [flag] if value is None else [flag, value]
-    spec_path = work / f"run_batch-{tag}.json"
-    log = work / f"run_batch-{tag}.log"
-    spec_path.write_text(json.dumps({"argv": argv, "workloads": [
+    return run_child("run-batch", work / f"run_batch-{tag}", timeout, {"argv": argv, "workloads": [
         (name, str(workloads[name]["joined"]), str(work / f"run_batch-{tag}-{name}.out.jsonl"))
-        for name in names]}))
-    with log.open("wb") as fh:
-        subprocess.run([sys.executable, __file__, "--run-batch-child", str(spec_path)],
-                       stdout=fh, stderr=subprocess.STDOUT, check=True, timeout=timeout)
-    result = json.loads(spec_path.with_suffix(".out.json").read_text())
-    for found in result["workloads"].values():
-        found["startup_s"] = result["startup_s"]
-        found["engine"] = engine_series(log, found["wall_start"], found["wall_end"])
-    return result["workloads"]
+        for name in names]})
 
 
 # --- 3. BatchGen: one warm server runs several workloads ------------------------------------
@@ -484,6 +481,10 @@ def main() -> None:
     parser.add_argument("--paths", default="raw,run_batch,batchgen,batchgen_nogroup")
     parser.add_argument("--kv-tokens", type=int, default=0,
                         help="KV cache of every path, in tokens (default: BatchGen's 1 GiB)")
+    parser.add_argument("--c-requests", type=int, default=0,
+                        help="requests of workload c (default 480 x scale)")
+    parser.add_argument("--c-prefixes", type=int, default=24)
+    parser.add_argument("--c-prefix-tokens", type=int, default=2000)
     parser.add_argument("--raw-workloads", default="a",
                         help="workloads raw vLLM runs too (its goal is on a only)")
     parser.add_argument("--model", default=str(DEFAULT_MODEL))
@@ -520,7 +521,8 @@ def main() -> None:
     t_start = time.monotonic()
     with scratch_dir("workloads", keep=args.keep) as work:
         # The name BatchGen serves the model by (its folder's); run_batch is told the same.
-        workloads = build_workloads(work, Path(args.model).name, args.scale)
+        workloads = build_workloads(work, Path(args.model).name, args.scale,
+                                    (args.c_requests, args.c_prefixes, args.c_prefix_tokens))
         kv = args.kv_tokens * KV_BYTES_PER_TOKEN if args.kv_tokens else CPU_KV_CACHE_BYTES
         raw_group = [w for w in chosen if w in args.raw_workloads.split(",")]
         for round_no in range(1, args.rounds + 1):
@@ -623,7 +625,9 @@ def report(runs: dict, workloads: dict, args, elapsed: float) -> None:
         print(f"goal {goal}: {'MET' if met else 'NOT MET'}")
     print(f"whole run: {elapsed / 60:.1f} min")
     write_results(args.name, {
-        "scale": args.scale, "rounds": args.rounds, "kv_tokens": args.kv_tokens or None,
+        "scale": args.scale, "rounds": args.rounds,
+        "c_shape": {"requests": args.c_requests or None, "prefixes": args.c_prefixes,
+                    "prefix_tokens": args.c_prefix_tokens}, "kv_tokens": args.kv_tokens or None,
         "elapsed_min": round(elapsed / 60, 1), "model": args.model,
         "workloads": {k: {"title": TITLES[k], "requests": v["requests"],
                           "batches": len(v["batches"])}
