@@ -56,7 +56,7 @@ from inference.engines import (
 )
 from inference.ledger import ChunkLedger
 from inference.output import format_line
-from inference.slots import SlotPool, estimate_tokens
+from inference.slots import Cost, SlotPool, estimate_cost
 
 logger = logging.getLogger("batchgen.inference")
 
@@ -67,6 +67,7 @@ STORAGE_RETRY_FIRST = 1.0
 STORAGE_RETRY_MAX = 30.0
 STOP_DRAIN_SECONDS = 30.0  # at stop, the longest wait for chunks to be handed back
 _CANCELLED = object()
+_WAKE = object()  # put in a chunk's result queue: room was freed, it may be its turn
 
 
 def engine_config_from_settings() -> EngineConfig:
@@ -99,7 +100,7 @@ def engine_config_from_settings() -> EngineConfig:
     )
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed by identity: the slot pool queues runs
 class ChunkRun:
     """One chunk's requests on their way through the engine: those waiting for a
     slot (with their token estimates), those inside it (tasks on the engine loop),
@@ -107,7 +108,7 @@ class ChunkRun:
 
     work: ChunkWork
     output: Path
-    pending: deque[tuple[EngineRequest, int]] = field(default_factory=deque)
+    pending: deque[tuple[EngineRequest, Cost]] = field(default_factory=deque)
     tasks: set[asyncio.Task] = field(default_factory=set)
     results: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     outstanding: int = 0
@@ -298,7 +299,7 @@ class InferenceRuntime:
                 body=spec.resolve_body(item["body"], work.params),
                 max_context_length=work.params.max_context_length,
             )
-            run.pending.append((request, estimate_tokens(request)))
+            run.pending.append((request, estimate_cost(request)))
         try:
             self._loop_requests(run)
         except BaseException:
@@ -307,45 +308,53 @@ class InferenceRuntime:
         return run
 
     def _loop_requests(self, run: ChunkRun) -> None:
+        """Admit in turn (the slot pool's queue: the oldest chunk first), wait for
+        results or for room to be freed, write what finished."""
         work = run.work
         stopped = False
-        while run.pending or run.outstanding:
-            if self.ledger.is_lost(work.chunk_id):
-                logger.warning("lost the lease of chunk %s#%s; stopping it", work.batch_id,
-                               work.index)
-                raise RuntimeError("chunk lease lost")
-            if not stopped and self._must_stop(work.batch_id):
-                stopped = True
-                run.pending.clear()
-                self._cancel(run)
-            admitted = []
-            while run.pending and self.slots.try_acquire(tokens=run.pending[0][1]):
-                admitted.append(run.pending.popleft())
-            if (run.pending and not run.outstanding and not admitted
-                    and self.slots.acquire(timeout=PROGRESS_INTERVAL,
-                                           tokens=run.pending[0][1])):
-                admitted.append(run.pending.popleft())
-            if admitted:
-                # One hand-over to the engine loop for everything admitted at once.
-                self.loop.call_soon_threadsafe(self._start_requests, admitted, run)
-                run.outstanding += len(admitted)
-            if not run.outstanding:
-                continue
-            finished = self._drain(run.results)
-            run.outstanding -= len(finished)
-            finished = [(custom_id, r) for custom_id, r in finished if r is not _CANCELLED]
-            if finished and self._write(work, run.output,
-                                        [format_line(*item) for item in finished]):
-                completed = sum(1 for _, result in finished if result.error is None)
-                failed = len(finished) - completed
-                run.completed += completed
-                run.failed += failed
-                usage = Usage()
-                for _, result in finished:
-                    usage.add_body(result.body)
-                self.ledger.add(work.chunk_id, completed, failed, usage)
-                for _, result in finished:
-                    self._count(result)
+        if run.pending:
+            self.slots.join(run, lambda: run.results.put(_WAKE))
+        try:
+            while run.pending or run.outstanding:
+                if self.ledger.is_lost(work.chunk_id):
+                    logger.warning("lost the lease of chunk %s#%s; stopping it", work.batch_id,
+                                   work.index)
+                    raise RuntimeError("chunk lease lost")
+                if not stopped and self._must_stop(work.batch_id):
+                    stopped = True
+                    run.pending.clear()
+                    self._cancel(run)
+                if run.pending:
+                    count = self.slots.admit(run, (cost for _, cost in run.pending))
+                    if count:
+                        admitted = [run.pending.popleft() for _ in range(count)]
+                        # One hand-over to the engine loop for everything admitted at once.
+                        self.loop.call_soon_threadsafe(self._start_requests, admitted, run)
+                        run.outstanding += count
+                if not run.pending:
+                    self.slots.leave(run)
+                    if not run.outstanding:
+                        break
+                finished = [item for item in self._drain(run.results) if item is not _WAKE]
+                run.outstanding -= len(finished)
+                self._record(run, [(custom_id, r) for custom_id, r in finished
+                                   if r is not _CANCELLED])
+        finally:
+            self.slots.leave(run)
+
+    def _record(self, run: ChunkRun, finished: list[tuple[str, EngineResult]]) -> None:
+        work = run.work
+        if finished and self._write(work, run.output, [format_line(*item) for item in finished]):
+            completed = sum(1 for _, result in finished if result.error is None)
+            failed = len(finished) - completed
+            run.completed += completed
+            run.failed += failed
+            usage = Usage()
+            for _, result in finished:
+                usage.add_body(result.body)
+            self.ledger.add(work.chunk_id, completed, failed, usage)
+            for _, result in finished:
+                self._count(result)
 
     def _must_stop(self, batch_id: str) -> bool:
         return (batch_id in self.stop_batches or self.draining.is_set()
@@ -446,13 +455,13 @@ class InferenceRuntime:
 
     # --- on the engine loop ----------------------------------------------------------------
 
-    def _start_requests(self, admitted: list[tuple[EngineRequest, int]], run: ChunkRun) -> None:
-        for request, tokens in admitted:
-            task = self.loop.create_task(self._generate(request, tokens, run.results))
+    def _start_requests(self, admitted: list[tuple[EngineRequest, Cost]], run: ChunkRun) -> None:
+        for request, cost in admitted:
+            task = self.loop.create_task(self._generate(request, cost, run.results))
             run.tasks.add(task)
             task.add_done_callback(run.tasks.discard)
 
-    async def _generate(self, request: EngineRequest, tokens: int,
+    async def _generate(self, request: EngineRequest, cost: Cost,
                         results: queue.SimpleQueue) -> None:
         try:
             result = await self.engine.generate(request)
@@ -465,7 +474,7 @@ class InferenceRuntime:
             logger.exception("engine error on %s", request.request_id)
             result = EngineResult.failure("engine_error", f"{type(exc).__name__}: {exc}")
         finally:
-            self.slots.release(tokens=tokens)
+            self.slots.release(cost=cost)
         results.put((request.custom_id, result))
 
 

@@ -1,14 +1,27 @@
-"""The worker's slots: how many requests may be inside its engine at once, and how
-many tokens they may hold between them.
+"""The worker's slots: how many requests may be inside its engine at once, how many
+tokens they may hold between them, and in which order chunks get them.
 
 Length-aware admission: a request counts against the token budget with its prompt
 plus its output limit (estimated), so the engine's running set stays full without
-overflowing its KV cache, which would make it preempt and recompute. One request is
-always admitted into an empty pool, however large, so nothing waits forever."""
+overflowing its KV cache, which would make it preempt and recompute. A shared prefix
+(the system prompt requests with the same prefix key start with) is counted once
+while any request holding it is inside the engine, as vLLM's prefix cache stores it
+once: counting it for every request held the engine at a fraction of what it could
+run (issue 15). One request is always admitted into an empty pool, however large, so
+nothing waits forever.
+
+Order: chunks admit in the order they joined the queue (`join`), the oldest first;
+a younger chunk admits only once every older one has nothing left waiting. With
+prefix grouping, consecutive chunks hold consecutive prefix groups, so a prefix's
+requests reach the engine together instead of interleaved with every other chunk's.
+Whoever frees room wakes the chunk whose turn it is (`wake` of the waiter)."""
 
 from __future__ import annotations
 
 import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from batches.endpoints import endpoint_spec
 from batches.endpoints.base import choice_count
@@ -20,21 +33,45 @@ CHARS_PER_TOKEN = 4  # a cheap, slightly generous estimate for English text
 DEFAULT_OUTPUT_ESTIMATE = 256
 
 
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """What a request holds in the engine: `tokens` in all, of which `shared` are
+    its prefix (`prefix`, a key), held once by every request with the same key."""
+
+    tokens: int = 0
+    prefix: int | None = None
+    shared: int = 0
+
+
+NO_COST = Cost()
+
+
 def estimate_tokens(request: EngineRequest) -> int:
     """Prompt plus output tokens a request may hold in the engine, estimated without
     a tokenizer (admission runs on the worker's chunk threads, per request)."""
+    return estimate_cost(request).tokens
+
+
+def estimate_cost(request: EngineRequest) -> Cost:
+    """The request's tokens (estimate_tokens) and the part of them its prefix key
+    shares with other requests."""
     body = request.body
     spec = endpoint_spec(request.endpoint)
     chars = spec.prompt_chars(body)
     if not spec.generates:
-        return chars // CHARS_PER_TOKEN + 1
+        return Cost(chars // CHARS_PER_TOKEN + 1)
     # Each of the n choices holds its own output; the prompt's blocks are shared.
     output = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_OUTPUT_ESTIMATE
-    return chars // CHARS_PER_TOKEN + 1 + output * choice_count(body)
+    tokens = chars // CHARS_PER_TOKEN + 1 + output * choice_count(body)
+    shared = min(spec.shared_prefix_chars(body), chars) // CHARS_PER_TOKEN
+    if not shared:
+        return Cost(tokens)
+    return Cost(tokens, spec.prefix_key(body), shared)
 
 
 class SlotPool:
-    """A counting semaphore over slots and tokens that tells what is in use."""
+    """A counting semaphore over slots and tokens that tells what is in use, with an
+    ordered queue of the chunks waiting to admit."""
 
     def __init__(self, capacity: int, token_budget: int | None = None) -> None:
         if capacity < 1:
@@ -43,17 +80,18 @@ class SlotPool:
         self.token_budget = token_budget
         self._active = 0
         self._tokens = 0
+        self._prefixes: dict[int, list[int]] = {}  # key -> [requests holding it, tokens]
+        self._queue: deque[object] = deque()  # waiters with requests to admit, oldest first
+        self._wakers: dict[object, Callable[[], None]] = {}
         self._cond = threading.Condition()
 
     @property
     def tokens_active(self) -> int:
         return self._tokens
 
-    def _fits(self, tokens: int) -> bool:
-        if self._active >= self.capacity:
-            return False
-        return (self.token_budget is None or self._active == 0
-                or self._tokens + tokens <= self.token_budget)
+    @property
+    def prefixes_active(self) -> int:
+        return len(self._prefixes)
 
     @property
     def active(self) -> int:
@@ -63,26 +101,100 @@ class SlotPool:
     def free(self) -> int:
         return self.capacity - self._active
 
-    def try_acquire(self, tokens: int = 0) -> bool:
+    # --- tokens ----------------------------------------------------------------------
+
+    def _charge(self, cost: Cost) -> int:
+        """Tokens the request adds: its own, plus its prefix if no request holds it."""
+        held = self._prefixes.get(cost.prefix) if cost.shared else None
+        return cost.tokens if held is None else cost.tokens - min(cost.shared, held[1])
+
+    def _fits(self, cost: Cost) -> bool:
+        if self._active >= self.capacity:
+            return False
+        return (self.token_budget is None or self._active == 0
+                or self._tokens + self._charge(cost) <= self.token_budget)
+
+    def _take(self, cost: Cost) -> None:
+        self._tokens += self._charge(cost)
+        self._active += 1
+        if cost.shared:
+            held = self._prefixes.setdefault(cost.prefix, [0, cost.shared])
+            held[0] += 1
+
+    def _give_back(self, cost: Cost) -> None:
+        if self._active <= 0:
+            raise RuntimeError("slot released more often than acquired")
+        self._active -= 1
+        held = self._prefixes.get(cost.prefix) if cost.shared else None
+        if held is None:
+            self._tokens -= cost.tokens
+            return
+        self._tokens -= cost.tokens - min(cost.shared, held[1])
+        held[0] -= 1
+        if not held[0]:  # the last request holding the prefix: the engine may drop it
+            self._tokens -= held[1]
+            del self._prefixes[cost.prefix]
+
+    # --- one request at a time (no queue) ----------------------------------------------
+
+    def try_acquire(self, tokens: int = 0, cost: Cost | None = None) -> bool:
+        cost = cost or Cost(tokens)
         with self._cond:
-            if not self._fits(tokens):
+            if not self._fits(cost):
                 return False
-            self._active += 1
-            self._tokens += tokens
+            self._take(cost)
             return True
 
-    def acquire(self, timeout: float | None = None, tokens: int = 0) -> bool:
+    def acquire(self, timeout: float | None = None, tokens: int = 0,
+                cost: Cost | None = None) -> bool:
+        cost = cost or Cost(tokens)
         with self._cond:
-            if not self._cond.wait_for(lambda: self._fits(tokens), timeout):
+            if not self._cond.wait_for(lambda: self._fits(cost), timeout):
                 return False
-            self._active += 1
-            self._tokens += tokens
+            self._take(cost)
             return True
 
-    def release(self, tokens: int = 0) -> None:
+    def release(self, tokens: int = 0, cost: Cost | None = None) -> None:
         with self._cond:
-            if self._active <= 0:
-                raise RuntimeError("slot released more often than acquired")
-            self._active -= 1
-            self._tokens -= tokens
+            self._give_back(cost or Cost(tokens))
             self._cond.notify_all()
+            wake = self._wakers[self._queue[0]] if self._queue else None
+        if wake is not None:
+            wake()
+
+    # --- chunks in order ---------------------------------------------------------------
+
+    def join(self, waiter: object, wake: Callable[[], None]) -> None:
+        """`waiter` (a chunk) has requests to admit; it queues behind those that
+        joined before. `wake` is called (from any thread, without the pool's lock)
+        when room is freed and it may be the waiter's turn."""
+        with self._cond:
+            if waiter not in self._wakers:
+                self._wakers[waiter] = wake
+                self._queue.append(waiter)
+
+    def leave(self, waiter: object) -> None:
+        """`waiter` has nothing more to admit (or stops): the next one's turn."""
+        with self._cond:
+            if self._wakers.pop(waiter, None) is None:
+                return
+            was_head = self._queue[0] is waiter
+            self._queue.remove(waiter)
+            wake = self._wakers[self._queue[0]] if self._queue and was_head else None
+        if wake is not None:
+            wake()
+
+    def admit(self, waiter: object, costs: Iterable[Cost]) -> int:
+        """How many of `costs` (the waiter's next requests, in order) it may send to
+        the engine now: none unless it is the oldest waiter; then as many as fit.
+        Their slots and tokens are taken; the caller pops that many."""
+        with self._cond:
+            if not self._queue or self._queue[0] is not waiter:
+                return 0
+            admitted = 0
+            for cost in costs:
+                if not self._fits(cost):
+                    break
+                self._take(cost)
+                admitted += 1
+            return admitted

@@ -68,6 +68,13 @@ class EndpointSpec:
         """The prompt's length in characters, for admission's token estimate."""
         raise NotImplementedError
 
+    def shared_prefix_chars(self, body: dict[str, Any]) -> int:
+        """How many of the prompt's first characters `prefix_key` stands for: requests
+        with the same key share them, and the engine's prefix cache holds them once
+        (admission counts them once, inference/slots.py). 0 when nothing is shared
+        (an endpoint whose engine caches no prefixes)."""
+        return 0
+
     def prompt_text(self, body: dict[str, Any]) -> str:
         """The prompt as one text (the simulated engine answers from it)."""
         raise NotImplementedError

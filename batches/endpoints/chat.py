@@ -137,6 +137,16 @@ class ChatCompletions(EndpointSpec):
         return sum(len(str(m.get("content") or "")) + MESSAGE_OVERHEAD_CHARS
                    for m in body["messages"])
 
+    def shared_prefix_chars(self, body: dict[str, Any]) -> int:
+        """The first message, which prefix_key hashes (its first characters when
+        it is the only one)."""
+        messages = body["messages"]
+        content = messages[0].get("content")
+        size = len(content if isinstance(content, str) else str(content))
+        if len(messages) == 1:
+            size = min(size, PREFIX_CHARS)
+        return size + MESSAGE_OVERHEAD_CHARS
+
     def prompt_text(self, body: dict[str, Any]) -> str:
         parts = []
         for message in body.get("messages", []):

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from batches.endpoints.base import (
+    PREFIX_CHARS,
     EndpointSpec,
     choice_count,
     choices_with_defaults,
@@ -66,6 +67,10 @@ class Completions(EndpointSpec):
     def prompt_chars(self, body: dict[str, Any]) -> int:
         prompt = body.get("prompt")
         return len(prompt) if isinstance(prompt, str) else len(str(prompt))
+
+    def shared_prefix_chars(self, body: dict[str, Any]) -> int:
+        """The first characters of the prompt, which prefix_key hashes."""
+        return min(self.prompt_chars(body), PREFIX_CHARS)
 
     def prompt_text(self, body: dict[str, Any]) -> str:
         prompt = body.get("prompt")

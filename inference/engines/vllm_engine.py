@@ -157,6 +157,7 @@ class VllmEngine(Engine):
         self._chat: _BatchServingChat | None = None
         self._completion: _BatchServingCompletion | None = None
         self._embedding: ServingEmbedding | None = None
+        self._stats_task: asyncio.Task | None = None
 
     @property
     def max_context_length(self) -> int:
@@ -247,6 +248,8 @@ class VllmEngine(Engine):
             llm.shutdown()
             raise
         self._llm = llm
+        if not engine_args.disable_log_stats:
+            self._stats_task = asyncio.get_running_loop().create_task(self._log_stats(llm))
         logger.info(
             "vLLM engine ready: model=%s served as %r, max_model_len=%d",
             self.config.model,
@@ -397,7 +400,21 @@ class VllmEngine(Engine):
         # The serving class answers with an HTTP response; its body is the JSON.
         return orjson.loads(response.body)
 
+    @staticmethod
+    async def _log_stats(llm: AsyncLLM) -> None:
+        """vLLM's stats line (running and waiting requests, KV cache usage, prefix-cache
+        hit rate) in the worker's log every VLLM_LOG_STATS_INTERVAL seconds while the
+        engine works, as `vllm serve` logs it; AsyncLLM alone never does."""
+        from vllm import envs
+
+        while True:
+            await asyncio.sleep(envs.VLLM_LOG_STATS_INTERVAL)
+            await llm.do_log_stats()
+
     async def shutdown(self) -> None:
+        if self._stats_task is not None:
+            self._stats_task.cancel()
+            self._stats_task = None
         llm, self._llm = self._llm, None
         self._chat = self._completion = self._embedding = None
         if llm is not None:

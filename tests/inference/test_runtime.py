@@ -15,6 +15,7 @@ from files import storage
 from files.incremental import append_lines
 from inference.engines.base import EngineResult
 from inference.output import format_line
+from tests.e2e.harness import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -167,3 +168,33 @@ def test_a_draining_worker_hands_its_chunk_back_at_once(runtime_factory, batch_i
     assert chunk.completed == len(written) < 10
     assert ("inference.run_chunk", (batch.id, chunk.id)) in published
     assert runtime.slots.active == 0
+
+
+def test_a_later_chunk_waits_until_the_earlier_one_has_admitted_everything(
+        runtime_factory, batch_in_progress):
+    # Two chunks held at once by a worker with 2 slots: the slots freed by the first
+    # chunk's requests go to its own next requests, not to the second chunk, so a
+    # chunk's requests (with grouping: one prefix group) reach the engine together.
+    runtime = runtime_factory(capacity=2, latency_ms=20)
+    batch = batch_in_progress(12, chunk_size=6)
+    started: list[int] = []  # the chunk index of each request, in the order it started
+    generate = runtime.engine.generate
+
+    async def recording(request):
+        started.append(int(request.request_id.split("-")[-3]))
+        return await generate(request)
+
+    runtime.engine.generate = recording
+    first, second = Chunk.objects.filter(batch=batch).order_by("index")
+    threads = [threading.Thread(target=runtime.run_chunk, args=(first.id,))]
+    threads[0].start()
+    wait_until(lambda: runtime.slots.active > 0, timeout=30, interval=0.005)
+    threads.append(threading.Thread(target=runtime.run_chunk, args=(second.id,)))
+    threads[1].start()
+    for thread in threads:
+        thread.join(60)
+
+    assert started == [0] * 6 + [1] * 6
+    assert sorted(line["custom_id"] for line in output_of(batch)) == \
+        sorted(f"req-{i}" for i in range(12))
+    assert runtime.slots.active == 0 and runtime.slots.tokens_active == 0

@@ -90,3 +90,67 @@ def test_estimate_counts_the_output_of_each_of_n_choices():
     four = estimate_tokens(EngineRequest("r", "c", "/v1/chat/completions", {**body, "n": 4}))
 
     assert four - one == 3 * 50
+
+
+def test_a_shared_prefix_counts_once_while_requests_hold_it():
+    from inference.slots import Cost
+
+    # 100 tokens each, 80 of them a shared system prompt: the engine's prefix cache
+    # holds those once, so three such requests take 80 + 3 x 20 = 140 tokens.
+    slots = SlotPool(10, token_budget=150)
+    shared = Cost(100, prefix=7, shared=80)
+    assert slots.try_acquire(cost=shared)
+    assert slots.try_acquire(cost=shared) and slots.try_acquire(cost=shared)
+    assert slots.tokens_active == 140 and slots.prefixes_active == 1
+    assert not slots.try_acquire(cost=Cost(100, prefix=8, shared=80))  # another prefix
+    for _ in range(3):
+        slots.release(cost=shared)
+    assert slots.tokens_active == 0 and slots.prefixes_active == 0
+
+
+def test_a_prefix_is_counted_until_its_last_request_leaves():
+    from inference.slots import Cost
+
+    slots = SlotPool(10, token_budget=1000)
+    shared = Cost(100, prefix=7, shared=80)
+    slots.try_acquire(cost=shared)
+    slots.try_acquire(cost=shared)
+    slots.release(cost=shared)  # the first holder leaves, the prefix stays
+    assert slots.tokens_active == 100
+    slots.release(cost=shared)
+    assert slots.tokens_active == 0
+
+
+def test_estimate_shares_the_system_prompt_of_a_chat():
+    from inference.engines.base import EngineRequest
+    from inference.slots import estimate_cost
+
+    def chat(question):
+        return EngineRequest("r", "c", "/v1/chat/completions", {
+            "max_tokens": 10, "messages": [{"role": "system", "content": "s" * 800},
+                                           {"role": "user", "content": question}]})
+
+    one, two = estimate_cost(chat("why?")), estimate_cost(chat("how, exactly?"))
+    assert one.prefix == two.prefix and 200 <= one.shared < one.tokens
+    alone = estimate_cost(EngineRequest("r", "c", "/v1/chat/completions", {
+        "max_tokens": 10, "messages": [{"role": "user", "content": "s" * 800}]}))
+    assert alone.shared <= 512 // 4 + 4  # a lone message: its first characters only
+    embedding = estimate_cost(EngineRequest("r", "c", "/v1/embeddings", {"input": "s" * 800}))
+    assert embedding.shared == 0 and embedding.prefix is None
+
+
+def test_chunks_admit_in_the_order_they_joined():
+    from inference.slots import Cost
+
+    slots = SlotPool(2)
+    woken = []
+    first, second = object(), object()
+    slots.join(first, lambda: woken.append("first"))
+    slots.join(second, lambda: woken.append("second"))
+    assert slots.admit(second, [Cost(1)]) == 0  # the older chunk goes first
+    assert slots.admit(first, [Cost(1)] * 3) == 2  # as many as fit
+    slots.release(tokens=1)
+    assert woken == ["first"]  # room freed: the chunk whose turn it is hears of it
+    slots.leave(first)
+    assert woken == ["first", "second"]
+    assert slots.admit(second, [Cost(1)]) == 1
