@@ -16,6 +16,7 @@ import platform
 import shutil
 import signal
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,8 +40,8 @@ MiB = 1024 * 1024
 
 __all__ = [
     "Api", "DEFAULT_MODEL", "MiB", "PySpy", "ROOT", "RssSampler", "Server", "machine_info",
-    "mark_start", "mib", "print_table", "running_server", "scratch_dir", "server_env",
-    "server_env_arg",
+    "mark_start", "mib", "print_table", "ratios_by_round", "run_rounds", "running_server",
+    "scratch_dir", "server_env", "server_env_arg", "summarize_rounds",
     "server_processes", "server_timeline", "wait_for_quiet", "wait_until", "write_results",
 ]
 
@@ -188,6 +189,62 @@ def server_timeline(storage: Path, batch_id: str) -> dict:
         "created_to_finalizing_s": since(finalizing),
         "created_to_completed_s": since(completed),
     }
+
+
+# --- interleaved rounds ---------------------------------------------------------------
+
+
+def run_rounds(steps: list[tuple[str, Callable[[], dict]]], rounds: int, *, amount: str,
+               labels: dict[str, str], alternate: bool = False,
+               quiet_timeout: float = 300.0) -> dict[str, list[dict]]:
+    """Run every step once per round, interleaved, so slow drifts in the machine's
+    other load spread over all the paths instead of landing on one. `alternate`
+    reverses the order every other round, so no path always goes first. Each result
+    gets `rate` (its `amount` per second of `run_s`) and the noise around it."""
+    runs: dict[str, list[dict]] = {}
+    for round_no in range(1, rounds + 1):
+        ordered = steps[::-1] if alternate and round_no % 2 == 0 else steps
+        for key, step in ordered:
+            print(f"round {round_no}: {labels.get(key, key)} ...", flush=True)
+            noise = wait_for_quiet(timeout=quiet_timeout)
+            result = step()
+            result["round"] = round_no
+            result["noise_before"] = noise
+            result["load_avg_after"] = round(os.getloadavg()[0], 2)
+            result["rate"] = result[amount] / result["run_s"]
+            runs.setdefault(key, []).append(result)
+            print(f"  {result[amount]} {amount.replace('_', ' ')} in {result['run_s']:.1f} s "
+                  f"({result['rate']:.0f}/s), start-up {result['startup_s']:.1f} s", flush=True)
+    return runs
+
+
+def summarize_rounds(runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """Per path: the median, min and max rate over the rounds, the median run and
+    start-up (start-up apart from the run)."""
+    summary = {}
+    for key, results in runs.items():
+        rates = [r["rate"] for r in results]
+        summary[key] = {
+            "rate_median": round(statistics.median(rates), 1),
+            "rate_min": round(min(rates), 1),
+            "rate_max": round(max(rates), 1),
+            "run_s_median": round(statistics.median(r["run_s"] for r in results), 2),
+            "startup_s_median": round(statistics.median(r["startup_s"] for r in results), 1),
+            "rounds": len(results),
+        }
+    return summary
+
+
+def ratios_by_round(runs: dict[str, list[dict]], summary: dict[str, dict], key: str,
+                    base: str) -> dict[str, float | list[float]]:
+    """`key`'s rate over `base`'s: of the medians, and paired by round (how much the
+    ratio itself moved with the noise)."""
+    if key not in summary or base not in summary:
+        return {}
+    pairs = zip(runs[key], runs[base], strict=False)
+    return {f"{key}_vs_{base}": round(summary[key]["rate_median"]
+                                      / summary[base]["rate_median"], 3),
+            f"{key}_vs_{base}_by_round": [round(a["rate"] / b["rate"], 3) for a, b in pairs]}
 
 
 # --- the server ----------------------------------------------------------------------

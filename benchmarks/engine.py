@@ -35,9 +35,9 @@ Goals (issue 4): BatchGen >= 0.9x raw vLLM and >= 1.0x run_batch.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
-import statistics
 import subprocess
 import sys
 import threading
@@ -53,10 +53,13 @@ from _common import (  # noqa: E402
     DEFAULT_MODEL,
     mark_start,
     print_table,
+    ratios_by_round,
+    run_rounds,
     running_server,
     scratch_dir,
     server_cpu_seconds,
     server_timeline,
+    summarize_rounds,
     wait_for_quiet,
     write_results,
 )
@@ -223,6 +226,9 @@ def run_vllm_batch(input_path: Path, model: str, work: Path, timeout: float, *,
     log = work / "run_batch.log"
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(input_path),
             "-o", str(out), "--model", model]
+    # The lines name the model as BatchGen serves it, by its folder's name, unless the
+    # caller's flags name it otherwise.
+    flags = {"--served-model-name": Path(model).name, **flags}
     for flag, value in flags.items():
         argv += [flag] if value is None else [flag, value]
     env = {**os.environ, "VLLM_NO_USAGE_STATS": "1"}
@@ -277,7 +283,7 @@ def run_vllm_batch(input_path: Path, model: str, work: Path, timeout: float, *,
 
 def run_batchgen(input_path: Path, model: str, work: Path, timeout: float, *,
                  engine_args: str | None = None, name: str = "storage",
-                 endpoint: str = CHAT,
+                 endpoint: str = CHAT, quiet_timeout: float = 300.0,
                  read: Callable[[list[bytes]], dict] = read_usage) -> dict:
     env = {"BATCHGEN_MODEL": model}
     if engine_args:
@@ -286,7 +292,7 @@ def run_batchgen(input_path: Path, model: str, work: Path, timeout: float, *,
     started = time.perf_counter()
     with running_server(storage, engine="vllm", ready_timeout=900, **env) as server:
         startup = time.perf_counter() - started
-        noise = wait_for_quiet()  # the server's own start-up work included
+        noise = wait_for_quiet(timeout=quiet_timeout)  # the server's start-up work included
         result = drive_batch(server, input_path, timeout, endpoint=endpoint, read=read)
     return {"startup_s": startup, "noise_before_run": noise, "engine_args": engine_args,
             **result}
@@ -366,39 +372,34 @@ def main() -> None:
         args.repeat = 1
     only = set(args.only.split(","))
 
-    runs: dict[str, list[dict]] = {}
+    serial = itertools.count()  # each BatchGen run gets a fresh storage folder
     with scratch_dir("engine", keep=args.keep) as work:
         input_path = work / "input.jsonl"
-        write_input(input_path, count, max_tokens=args.max_tokens, model=args.model)
+        write_input(input_path, count, max_tokens=args.max_tokens, model=Path(args.model).name)
         print(f"input: {count} chat requests, max_tokens {args.max_tokens}, temperature 0; "
               f"{args.repeat} round(s)", flush=True)
         steps = [("raw", lambda: run_raw(input_path, args.model, work, args.timeout)),
                  ("run_batch", lambda: run_vllm_batch(input_path, args.model, work,
                                                       args.timeout)),
                  ("batchgen", lambda: run_batchgen(input_path, args.model, work, args.timeout,
-                                                   name=f"storage-{len(runs.get('batchgen', []))}"
-                                                   ))]
+                                                   name=f"storage-{next(serial)}"))]
         if args.tuned_engine_args:
             steps.append(("batchgen_tuned", lambda: run_batchgen(
                 input_path, args.model, work, args.timeout, engine_args=args.tuned_engine_args,
-                name=f"storage-tuned-{len(runs.get('batchgen_tuned', []))}")))
-        # Rounds interleave the paths, so slow drifts in the machine's other load
-        # spread over all of them instead of landing on one.
-        for round_no in range(1, args.repeat + 1):
-            for key, step in steps:
-                if key.removesuffix("_tuned") not in only:
-                    continue
-                print(f"round {round_no}: {LABELS[key]} ...", flush=True)
-                noise = wait_for_quiet()
-                result = step()
-                result["noise_before"] = noise
-                result["load_avg_after"] = load_avg()
-                result["tokens_per_s"] = result["completion_tokens"] / result["run_s"]
-                runs.setdefault(key, []).append(result)
-                print(f"  {result['completion_tokens']} output tokens in "
-                      f"{result['run_s']:.1f} s ({result['tokens_per_s']:.0f} tokens/s), "
-                      f"start-up {result['startup_s']:.1f} s", flush=True)
+                name=f"storage-tuned-{next(serial)}")))
+        steps = [(key, step) for key, step in steps if key.removesuffix("_tuned") in only]
+        runs = run_rounds(steps, args.repeat, amount="completion_tokens", labels=LABELS)
     report(runs, count=count, args=args)
+
+
+def print_cpu_table(runs: dict[str, list[dict]], labels: dict[str, str]) -> None:
+    print_table("CPU seconds during each run, by process (machine busy: every process on "
+                "the machine, ours and others')",
+                ["path", "round", "by process", "machine busy s", "run s"],
+                [[labels[k], r.get("round", i + 1), ", ".join(
+                    f"{role} {v}" for role, v in r["cpu_seconds"].items() if v),
+                  r["machine_busy_cpu_s"], round(r["run_s"], 1)]
+                 for k, results in runs.items() for i, r in enumerate(results)])
 
 
 LABELS = {"raw": "raw vLLM LLM.chat", "run_batch": "vLLM run_batch",
@@ -406,42 +407,21 @@ LABELS = {"raw": "raw vLLM LLM.chat", "run_batch": "vLLM run_batch",
 
 
 def report(runs: dict[str, list[dict]], *, count: int, args) -> None:
-    summary = {}
+    summary = summarize_rounds(runs)
     for key, results in runs.items():
-        speeds = [r["tokens_per_s"] for r in results]
-        summary[key] = {
-            "tokens_per_s_median": round(statistics.median(speeds), 1),
-            "tokens_per_s_min": round(min(speeds), 1),
-            "tokens_per_s_max": round(max(speeds), 1),
-            "run_s_median": round(statistics.median(r["run_s"] for r in results), 2),
-            "startup_s_median": round(statistics.median(r["startup_s"] for r in results), 1),
-            "completion_tokens": results[0]["completion_tokens"],
-            "rounds": len(results),
-        }
+        summary[key]["completion_tokens"] = results[0]["completion_tokens"]
     print_table(f"{count} chat requests, max_tokens {args.max_tokens}, temperature 0, "
                 "start-up excluded (medians over the rounds)",
                 ["path", "start-up s", "run s", "output tokens", "tokens/s", "min-max",
                  "rounds"],
                 [[LABELS[k], v["startup_s_median"], v["run_s_median"], v["completion_tokens"],
-                  v["tokens_per_s_median"], f"{v['tokens_per_s_min']:.0f}-"
-                  f"{v['tokens_per_s_max']:.0f}", v["rounds"]] for k, v in summary.items()])
-    print_table("CPU seconds during each run, by process (machine busy: every process on "
-                "the machine, ours and others')",
-                ["path", "round", "by process", "machine busy s", "run s"],
-                [[LABELS[k], i + 1, ", ".join(f"{role} {v}" for role, v in
-                                             r["cpu_seconds"].items() if v),
-                  r["machine_busy_cpu_s"], round(r["run_s"], 1)]
-                 for k, results in runs.items() for i, r in enumerate(results)])
+                  v["rate_median"], f"{v['rate_min']:.0f}-{v['rate_max']:.0f}", v["rounds"]]
+                 for k, v in summary.items()])
+    print_cpu_table(runs, LABELS)
     ratios = {}
     for key in ("batchgen", "batchgen_tuned"):
         for base in ("raw", "run_batch"):
-            if key in summary and base in summary:
-                ratios[f"{key}_vs_{base}"] = round(summary[key]["tokens_per_s_median"]
-                                                   / summary[base]["tokens_per_s_median"], 3)
-                # Paired by round: how much the ratio itself moved with the noise.
-                pairs = zip(runs[key], runs[base], strict=False)
-                ratios[f"{key}_vs_{base}_by_round"] = [
-                    round(a["tokens_per_s"] / b["tokens_per_s"], 3) for a, b in pairs]
+            ratios.update(ratios_by_round(runs, summary, key, base))
     agreement = {}
     keys = list(runs)
     for i, a in enumerate(keys):

@@ -167,8 +167,16 @@ class VllmEngine(Engine):
 
     @property
     def token_capacity(self) -> int | None:
-        """Tokens the KV cache holds (blocks x block size), known after start()."""
-        if self._llm is None:
+        """Tokens the KV cache holds (blocks x block size), known after start().
+
+        None for a pooling (embedding) model: its request is one forward pass over
+        the prompt, with no output to decode and so nothing kept in the KV cache
+        between steps; vLLM's scheduler batches what fits and the rest waits in its
+        queue, with no preemption to avoid. An encoder-only model's cache is a
+        placeholder anyway (128 tokens for all-MiniLM-L6-v2): taken as the budget it
+        let about 7 requests into the engine at once, which then ran in batches
+        too small to be efficient (benchmarks/embeddings.py)."""
+        if self._llm is None or self._llm.model_config.runner_type == "pooling":
             return None
         cache = self._llm.vllm_config.cache_config
         if not cache.num_gpu_blocks:

@@ -74,3 +74,10 @@ def test_token_ids_are_embedded_and_chat_is_refused(embedder: EngineHarness) -> 
     assert chat.error["code"] == "invalid_request"
     assert "embedding model" in chat.error["message"]
 
+
+
+def test_the_kv_cache_does_not_cap_how_many_embeddings_are_admitted(
+        embedder: EngineHarness) -> None:
+    # A pooling request decodes nothing: the worker admits embeddings up to its
+    # slots, not up to the encoder's placeholder KV cache (128 tokens, ~7 requests).
+    assert embedder.engine.token_capacity is None
