@@ -259,6 +259,9 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
     "EXCEPTION_HANDLER": "batchgen_site.errors.openai_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # The API speaks JSON only: `?format=` is an ordinary (ignored) query parameter,
+    # not DRF's renderer override, which answered 404 to an unknown value.
+    "URL_FORMAT_OVERRIDE": None,
 }
 
 SPECTACULAR_SETTINGS = {
