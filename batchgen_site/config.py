@@ -63,8 +63,13 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
             "gpu_memory_utilization, max_num_seqs, dtype, quantization, ...)"),
     # Tokens (prompt + output, estimated) a worker admits into its engine at once.
     Setting("--token-budget", "BATCHGEN_TOKEN_BUDGET", "0",
-            "tokens a worker admits into its engine at once (0 = the engine's KV cache "
-            "capacity; unlimited for the simulated engine)"),
+            "tokens a worker admits into its engine at once (0 = none for a vLLM "
+            "engine, which admits from its own figures; the KV cache capacity an "
+            "engine reports otherwise)"),
+    # With a vLLM engine, the worker admits from the scheduler's own figures instead.
+    Setting("--engine-queue-depth", "BATCHGEN_ENGINE_QUEUE_DEPTH", "0",
+            "requests a worker keeps waiting in its vLLM engine's queue beyond those "
+            "it runs (0 = the engine's max_num_seqs)"),
     Setting("--sim-latency-ms", "BATCHGEN_SIM_LATENCY_MS", "0",
             "time per request of the simulated engine"),
     # The openai-http engine (inference/engines/openai_http.py): an OpenAI-compatible

@@ -62,9 +62,12 @@ BATCHGEN_REASONING_PARSER = env("BATCHGEN_REASONING_PARSER",
                                 default=setting_default("BATCHGEN_REASONING_PARSER"))
 BATCHGEN_TOOL_CALL_PARSER = env("BATCHGEN_TOOL_CALL_PARSER",
                                 default=setting_default("BATCHGEN_TOOL_CALL_PARSER")) or None
-# 0 = the engine's KV cache capacity (vLLM), unlimited for the simulated engine.
+# 0 = none for vLLM (it admits from the engine's figures), else the KV cache an engine
+# reports (unlimited for the simulated engine).
 BATCHGEN_TOKEN_BUDGET = env.int("BATCHGEN_TOKEN_BUDGET",
                                 default=int(setting_default("BATCHGEN_TOKEN_BUDGET"))) or None
+BATCHGEN_ENGINE_QUEUE_DEPTH = env.int(
+    "BATCHGEN_ENGINE_QUEUE_DEPTH", default=int(setting_default("BATCHGEN_ENGINE_QUEUE_DEPTH")))
 # Inference workers `manage.py serve` starts on this host, and the GPUs each one gets
 # (worker i: GPUs i*K .. i*K+K-1 of the visible ones; 0 = every worker sees them all).
 BATCHGEN_INFERENCE_WORKERS = env.int("BATCHGEN_INFERENCE_WORKERS", default=1)

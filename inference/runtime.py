@@ -154,12 +154,29 @@ class InferenceRuntime:
         if future.exception() is not None:
             self._engine_lost(future.exception(), "failed to start")
         else:
-            if self.slots.token_budget is None:
-                self.slots.token_budget = self.engine.token_capacity
-            logger.info("engine ready: %s (context %s tokens, admitting up to %s tokens at once)",
-                        self.config.served_model_name, self.engine.max_context_length,
-                        self.slots.token_budget or "unlimited")
+            self._admission()
         self.ready.set()
+
+    def _admission(self) -> None:
+        """How this worker admits requests into its engine (inference/slots.py): from
+        the engine's own figures where it reports them, else within a token budget
+        (BATCHGEN_TOKEN_BUDGET, or the KV cache the engine says it has)."""
+        engine, slots = self.engine, self.slots
+        if engine.max_running is not None:
+            depth = settings.BATCHGEN_ENGINE_QUEUE_DEPTH or engine.max_running
+            slots.follow_engine(depth)
+            engine.load_listener = lambda load: slots.engine_load(load.running)
+            logger.info("engine ready: %s (context %s tokens); it runs up to %s requests "
+                        "at once, and up to %s more wait in its queue%s",
+                        self.config.served_model_name, engine.max_context_length,
+                        engine.max_running, depth,
+                        f", within {slots.token_budget} tokens" if slots.token_budget else "")
+            return
+        if slots.token_budget is None:
+            slots.token_budget = engine.token_capacity
+        logger.info("engine ready: %s (context %s tokens, admitting up to %s tokens at once)",
+                    self.config.served_model_name, engine.max_context_length,
+                    slots.token_budget or "unlimited")
 
     def _engine_lost(self, error: BaseException, what: str) -> None:
         """Without an engine this worker can do nothing: stop taking chunks and exit,

@@ -1,20 +1,31 @@
 """The worker's slots: how many requests may be inside its engine at once, how many
-tokens they may hold between them, and in which order chunks get them.
+of them may wait in its queue, and in which order chunks get them.
 
-Length-aware admission: a request counts against the token budget with its prompt
-plus its output limit (estimated), so the engine's running set stays full without
-overflowing its KV cache, which would make it preempt and recompute. A shared prefix
-(the system prompt requests with the same prefix key start with) is counted once
-while any request holding it is inside the engine, as vLLM's prefix cache stores it
-once: counting it for every request held the engine at a fraction of what it could
-run (issue 15). One request is always admitted into an empty pool, however large, so
-nothing waits forever.
+Admission from the engine's own figures (a vLLM engine): after every step vLLM's
+scheduler reports how many requests it runs (`engine_load`). The worker keeps at most
+`queue_depth` of its requests beyond those, i.e. waiting in the engine's queue, by
+default the scheduler's max_num_seqs: vLLM itself decides how many run at once from
+what its KV cache holds (a shared prefix once, a cached one not at all), as it does
+for `vllm serve` and `run_batch`, and its queue is never empty while the batch has
+more, so each step is as full as vLLM would make it. What still waits is held by
+BatchGen, in its own order (prefix groups, batch weights), where cancelling it costs
+nothing. A token estimate did this before and held the engine below what it could run
+(issue 15: four characters a token counted a 1,000-token prompt as 1,600, and the
+engine's queue stayed empty).
+
+Length-aware admission, for engines that report nothing (and under an explicit
+BATCHGEN_TOKEN_BUDGET): a request counts against the token budget with its prompt
+plus its output limit (estimated). A shared prefix (the system prompt requests with
+the same prefix key start with) is counted once while any request holding it is
+inside the engine, as vLLM's prefix cache stores it once. One request is always
+admitted into an empty pool, however large, so nothing waits forever.
 
 Order: chunks admit in the order they joined the queue (`join`), the oldest first;
 a younger chunk admits only once every older one has nothing left waiting. With
 prefix grouping, consecutive chunks hold consecutive prefix groups, so a prefix's
 requests reach the engine together instead of interleaved with every other chunk's.
-Whoever frees room wakes the chunk whose turn it is (`wake` of the waiter)."""
+Whoever frees room (a finished request, an engine step that took more requests in)
+wakes the chunk whose turn it is (`wake` of the waiter)."""
 
 from __future__ import annotations
 
@@ -81,6 +92,10 @@ class SlotPool:
         self._active = 0
         self._tokens = 0
         self._prefixes: dict[int, list[int]] = {}  # key -> [requests holding it, tokens]
+        # Admission from the engine's figures (follow_engine): requests it last said
+        # it runs, and how many more of ours may wait in its queue (None: not used).
+        self.queue_depth: int | None = None
+        self._engine_running = 0
         self._queue: deque[object] = deque()  # waiters with requests to admit, oldest first
         self._wakers: dict[object, Callable[[], None]] = {}
         self._cond = threading.Condition()
@@ -101,6 +116,36 @@ class SlotPool:
     def free(self) -> int:
         return self.capacity - self._active
 
+    @property
+    def engine_queued(self) -> int:
+        """Requests handed to the engine that it does not run yet (its queue, and
+        those on their way), as far as its last report tells."""
+        return max(0, self._active - self._engine_running)
+
+    # --- the engine's figures ------------------------------------------------------------
+
+    def follow_engine(self, queue_depth: int) -> None:
+        """Admit from the engine's reports (`engine_load`): at most `queue_depth` of
+        the requests in hand beyond those it runs."""
+        if queue_depth < 1:
+            raise ValueError("the engine's queue needs room for at least one request")
+        with self._cond:
+            self.queue_depth = queue_depth
+
+    def engine_load(self, running: int) -> None:
+        """The engine runs `running` requests now (reported after each step). When
+        that leaves room in its queue, the chunk whose turn it is is woken."""
+        with self._cond:
+            if running == self._engine_running:
+                return
+            self._engine_running = running
+            room = self.queue_depth is not None and self.engine_queued < self.queue_depth
+            if room:
+                self._cond.notify_all()
+            wake = self._wakers[self._queue[0]] if room and self._queue else None
+        if wake is not None:
+            wake()
+
     # --- tokens ----------------------------------------------------------------------
 
     def _charge(self, cost: Cost) -> int:
@@ -110,6 +155,8 @@ class SlotPool:
 
     def _fits(self, cost: Cost) -> bool:
         if self._active >= self.capacity:
+            return False
+        if self.queue_depth is not None and self.engine_queued >= self.queue_depth:
             return False
         return (self.token_budget is None or self._active == 0
                 or self._tokens + self._charge(cost) <= self.token_budget)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from inference.engines.base import (
     Engine,
     EngineConfig,
+    EngineLoad,
     EngineRequest,
     EngineResult,
     EngineUnavailable,
@@ -24,6 +25,6 @@ def load_engine(config: EngineConfig) -> Engine:
 
 
 __all__ = [
-    "ENGINES", "Engine", "EngineConfig", "EngineRequest", "EngineResult", "EngineSpec",
-    "EngineUnavailable", "LoraAdapter", "engine_spec", "load_engine",
+    "ENGINES", "Engine", "EngineConfig", "EngineLoad", "EngineRequest", "EngineResult",
+    "EngineSpec", "EngineUnavailable", "LoraAdapter", "engine_spec", "load_engine",
 ]

@@ -9,6 +9,7 @@ inside the engine (that is how cancelled batches free GPU work).
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +76,15 @@ class EngineResult:
         return cls(error={"code": code, "message": message})
 
 
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """What the engine's scheduler reported after a step."""
+
+    running: int  # requests it runs (holding KV cache)
+    waiting: int  # requests in its queue, not yet scheduled
+    kv_cache_usage: float = 0.0  # 0..1
+
+
 class EngineUnavailable(Exception):
     """The engine itself is gone (its process died): no request can run here any
     more. The worker stops and its chunks are requeued; nothing is written."""
@@ -85,6 +95,9 @@ class Engine(abc.ABC):
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        # Called (on the engine loop) with every load the engine reports, if it
+        # reports any (max_running is not None); the worker admits from it.
+        self.load_listener: Callable[[EngineLoad], None] | None = None
 
     @property
     @abc.abstractmethod
@@ -96,6 +109,19 @@ class Engine(abc.ABC):
         """How many tokens (prompt + output) the engine holds at once, if it knows;
         the worker admits requests within it (length-aware admission)."""
         return None
+
+    @property
+    def max_running(self) -> int | None:
+        """How many requests the engine's scheduler runs at once, if the engine
+        reports its load (known after start()): then it calls `load_listener` after
+        each step, and the worker keeps its queue fed from that instead of from a
+        token estimate. None for an engine that reports nothing."""
+        return None
+
+    def report_load(self, load: EngineLoad) -> None:
+        listener = self.load_listener
+        if listener is not None:
+            listener(load)
 
     @abc.abstractmethod
     async def start(self) -> None:

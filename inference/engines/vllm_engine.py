@@ -58,11 +58,13 @@ from vllm.renderers.online_renderer import OnlineRenderer
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
+from vllm.v1.metrics.loggers import StatLoggerBase
 
 from batches.endpoints import ENDPOINTS, EndpointSpec
 from inference.engines.base import (
     Engine,
     EngineConfig,
+    EngineLoad,
     EngineRequest,
     EngineResult,
     EngineUnavailable,
@@ -148,6 +150,25 @@ class _BatchServingCompletion(OpenAIServingCompletion):
         return result
 
 
+class _LoadReporter(StatLoggerBase):
+    """A vLLM stat logger that hands each step's scheduler figures (running and
+    waiting requests, KV-cache usage) to the engine, which tells the worker: the
+    figures `vllm serve` logs and exports, read as they arrive instead of estimated.
+    One per engine core (data parallel: one per rank)."""
+
+    def __init__(self, engine: VllmEngine, engine_index: int) -> None:
+        self.engine = engine
+        self.engine_index = engine_index
+
+    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None,
+               engine_idx: int = 0) -> None:
+        if scheduler_stats is not None:
+            self.engine._core_load(self.engine_index, scheduler_stats)
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+
 class VllmEngine(Engine):
     name = "vllm"
 
@@ -158,6 +179,7 @@ class VllmEngine(Engine):
         self._completion: _BatchServingCompletion | None = None
         self._embedding: ServingEmbedding | None = None
         self._stats_task: asyncio.Task | None = None
+        self._core_loads: dict[int, EngineLoad] = {}  # engine core (DP rank) -> last load
 
     @property
     def max_context_length(self) -> int:
@@ -182,6 +204,27 @@ class VllmEngine(Engine):
         if not cache.num_gpu_blocks:
             return None
         return cache.num_gpu_blocks * cache.block_size
+
+    @property
+    def max_running(self) -> int | None:
+        """The scheduler's max_num_seqs (over all data-parallel ranks): the running
+        set a step can hold. vLLM reports its load after every step."""
+        if self._llm is None:
+            return None
+        config = self._llm.vllm_config
+        return config.scheduler_config.max_num_seqs * config.parallel_config.data_parallel_size
+
+    def _core_load(self, engine_index: int, stats) -> None:
+        """On the engine loop, after each step of an engine core."""
+        self._core_loads[engine_index] = EngineLoad(
+            running=stats.num_running_reqs,
+            waiting=stats.num_waiting_reqs + stats.num_skipped_waiting_reqs,
+            kv_cache_usage=stats.kv_cache_usage)
+        loads = list(self._core_loads.values())
+        self.report_load(loads[0] if len(loads) == 1 else
+                         EngineLoad(running=sum(load.running for load in loads),
+                                    waiting=sum(load.waiting for load in loads),
+                                    kv_cache_usage=max(load.kv_cache_usage for load in loads)))
 
     def engine_args(self) -> AsyncEngineArgs:
         import torch
@@ -247,6 +290,9 @@ class VllmEngine(Engine):
             usage_context=UsageContext.OPENAI_BATCH_RUNNER,
             enable_log_requests=engine_args.enable_log_requests,
             disable_log_stats=engine_args.disable_log_stats,
+            # The scheduler's figures after every step, for admission (the worker
+            # keeps the engine's queue fed from them); vLLM's own loggers stay.
+            stat_loggers=[lambda _config, index: _LoadReporter(self, index)],
         )
         try:
             models = self._build_serving(llm)

@@ -154,3 +154,55 @@ def test_chunks_admit_in_the_order_they_joined():
     slots.leave(first)
     assert woken == ["first", "second"]
     assert slots.admit(second, [Cost(1)]) == 1
+
+
+def test_admission_from_the_engine_keeps_its_queue_at_the_depth():
+    from inference.slots import Cost
+
+    slots = SlotPool(100, token_budget=None)
+    slots.follow_engine(queue_depth=3)
+    woken = []
+    chunk = object()
+    slots.join(chunk, lambda: woken.append(chunk))
+    assert slots.admit(chunk, [Cost(1)] * 10) == 3  # the engine runs none yet: 3 queued
+    assert slots.engine_queued == 3
+    slots.engine_load(running=3)  # it took all three in: room for three more
+    assert woken == [chunk]
+    assert slots.admit(chunk, [Cost(1)] * 7) == 3
+    slots.engine_load(running=3)  # the same figure again: nothing to wake for
+    assert woken == [chunk]
+    slots.engine_load(running=5)
+    assert woken == [chunk, chunk] and slots.admit(chunk, [Cost(1)] * 4) == 2
+    assert slots.engine_queued == 3
+
+
+def test_a_finished_request_makes_room_before_the_engine_reports_it():
+    from inference.slots import Cost
+
+    slots = SlotPool(100)
+    slots.follow_engine(queue_depth=1)
+    chunk = object()
+    slots.join(chunk, lambda: None)
+    assert slots.admit(chunk, [Cost(1)] * 3) == 1
+    slots.engine_load(running=1)
+    assert slots.admit(chunk, [Cost(1)] * 2) == 1
+    assert slots.admit(chunk, [Cost(1)]) == 0  # one running, one queued
+    # The running one finished: its place is taken at once, not a step later when the
+    # engine reports it (the queued one moves up meanwhile).
+    slots.release(cost=Cost(1))
+    assert slots.admit(chunk, [Cost(1)] * 2) == 1
+    assert slots.engine_queued == 1
+
+
+def test_admission_from_the_engine_still_respects_slots_and_an_explicit_budget():
+    from inference.slots import Cost
+
+    slots = SlotPool(4, token_budget=100)
+    slots.follow_engine(queue_depth=10)
+    chunk = object()
+    slots.join(chunk, lambda: None)
+    assert slots.admit(chunk, [Cost(40)] * 3) == 2  # the budget
+    slots.engine_load(running=2)
+    assert slots.admit(chunk, [Cost(10)] * 5) == 2  # the slots
+    with pytest.raises(ValueError):
+        slots.follow_engine(0)

@@ -142,6 +142,23 @@ def test_prefix_caching_is_on_for_a_generative_model(vllm: EngineHarness) -> Non
     assert vllm.engine._llm.vllm_config.cache_config.enable_prefix_caching is True
 
 
+def test_the_engine_reports_its_running_set_after_each_step(vllm: EngineHarness) -> None:
+    # What the worker admits from (inference/slots.py): vLLM's scheduler figures.
+    loads = []
+    vllm.engine.load_listener = loads.append
+    try:
+        results = vllm.generate_all(*(chat_request(f"Count to {n}.", max_tokens=8)
+                                      for n in range(6)))
+    finally:
+        vllm.engine.load_listener = None
+    assert all(result.error is None for result in results)
+    assert vllm.engine.max_running == vllm.engine._llm.vllm_config.scheduler_config.max_num_seqs
+    # Short prompts: all six run together, and every step reported them.
+    assert max(load.running for load in loads) == 6
+    assert len(loads) >= 8  # at least one report per decode step
+    assert all(0.0 <= load.kv_cache_usage <= 1.0 and load.waiting >= 0 for load in loads)
+
+
 def test_chat_body_has_the_contract_shape_and_usage_adds_up(
     vllm: EngineHarness, model_dir: Path
 ) -> None:
