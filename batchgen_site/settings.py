@@ -72,6 +72,9 @@ BATCHGEN_ENGINE_QUEUE_DEPTH = env.int(
 # (worker i: GPUs i*K .. i*K+K-1 of the visible ones; 0 = every worker sees them all).
 BATCHGEN_INFERENCE_WORKERS = env.int("BATCHGEN_INFERENCE_WORKERS", default=1)
 BATCHGEN_GPUS_PER_WORKER = env.int("BATCHGEN_GPUS_PER_WORKER", default=0)
+# On a host whose vLLM engines run on the CPU, `serve` keeps its other processes (and
+# vLLM's scheduler) off the CPUs vLLM computes on (batchgen_site/cpu_placement.py).
+BATCHGEN_ENGINE_CPU_ISOLATION = env.bool("BATCHGEN_ENGINE_CPU_ISOLATION", default=True)
 BATCHGEN_SIM_LATENCY_MS = env.float("BATCHGEN_SIM_LATENCY_MS",
                                     default=float(setting_default("BATCHGEN_SIM_LATENCY_MS")))
 BATCHGEN_ENGINE_ARGS = json.loads(env("BATCHGEN_ENGINE_ARGS",

@@ -1,6 +1,8 @@
 """A small process supervisor for `manage.py serve`: starts BatchGen's processes,
 restarts any that dies (with exponential backoff, logged), and stops them all on
-Ctrl-C or SIGTERM, as systemd or a container restart policy would in production."""
+Ctrl-C or SIGTERM, as systemd or a container restart policy would in production.
+With a CPU engine it also keeps them off the CPUs vLLM computes on
+(batchgen_site/cpu_placement.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +15,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from batchgen_site.cpu_placement import CpuPlacement, program_tree
+
 logger = logging.getLogger("batchgen.supervisor")
 
 BACKOFF_START = 1.0
 BACKOFF_MAX = 60.0
 STABLE_AFTER = 60.0  # a process up this long has its backoff reset
 STOP_TIMEOUT = 30.0
+# How often the CPU placement looks for processes and threads it has not placed yet
+# (a restarted program; an engine that came up): a scan of /proc, a few ms.
+PLACEMENT_INTERVAL = 5.0
 
 
 @dataclass
@@ -30,6 +37,9 @@ class Program:
     stop_signal: int = signal.SIGTERM
     # Programs of one group (the inference workers) are stopped together.
     group: str | None = None
+    # An inference worker whose vLLM engine may bind CPUs: the CPU placement leaves it
+    # alone until its compute workers run, so vLLM binds them from every CPU.
+    cpu_engine: bool = False
     process: subprocess.Popen | None = None
     started_at: float = 0.0
     backoff: float = BACKOFF_START
@@ -38,8 +48,10 @@ class Program:
 
 
 class Supervisor:
-    def __init__(self, programs: list[Program]) -> None:
+    def __init__(self, programs: list[Program], placement: CpuPlacement | None = None) -> None:
         self.programs = programs
+        self.placement = placement
+        self._placed_at = 0.0
         self._stop = threading.Event()
 
     def _spawn(self, program: Program) -> None:
@@ -70,6 +82,7 @@ class Supervisor:
                     break
             while not self._stop.wait(0.5):
                 self._watch()
+                self._place()
         finally:
             self.stop_all()
         return 0
@@ -98,6 +111,18 @@ class Supervisor:
                          program.name, process.pid, process.returncode, delay)
             program.restart_at = now + delay
             program.backoff = min(program.backoff * 2, BACKOFF_MAX)
+
+    def _place(self) -> None:
+        now = time.monotonic()
+        if self.placement is None or now - self._placed_at < PLACEMENT_INTERVAL:
+            return
+        self._placed_at = now
+        try:
+            self.placement.apply(program_tree(p.process.pid, wait_for_engine=p.cpu_engine)
+                                 for p in self.programs
+                                 if p.process is not None and p.process.poll() is None)
+        except Exception:  # placement is an optimisation: never stop supervising for it
+            logger.exception("placing processes on CPUs failed; they keep the CPUs they have")
 
     def stop_all(self) -> None:
         """Stop in reverse order, each group before the next: workers finish their warm

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 
+import psutil
 import pytest
 
 from tests.e2e.harness import wait_until
@@ -41,6 +43,30 @@ def run_batch(api, content: bytes, endpoint: str) -> dict[str, dict]:
     assert done["status"] == "completed", done
     lines = [json.loads(line) for line in api.content(done["output_file_id"]).splitlines()]
     return {line["custom_id"]: line for line in lines}, done
+
+
+def cpu_layout(server) -> dict[str, set[frozenset[int]]]:
+    """The CPUs the threads of the server's processes may run on: vLLM's compute
+    workers' ("compute"), and every other process's but the supervisor's ("others")."""
+    layout: dict[str, set[frozenset[int]]] = {"compute": set(), "others": set()}
+    for process in psutil.Process(server.process.pid).children(recursive=True):
+        try:
+            role = "compute" if process.name().startswith("VLLM::Worker") else "others"
+            for tid in os.listdir(f"/proc/{process.pid}/task"):
+                layout[role].add(frozenset(os.sched_getaffinity(int(tid))))
+        except (psutil.Error, OSError):  # a process or thread that just ended
+            continue
+    return layout
+
+
+def placed_off_compute(server) -> bool:
+    """vLLM bound its compute worker, and everything else runs on the other CPUs."""
+    layout = cpu_layout(server)
+    if len(layout["compute"]) != 1:
+        return False
+    (compute,) = layout["compute"]
+    rest = frozenset(os.sched_getaffinity(0)) - compute
+    return layout["others"] == {rest}
 
 
 def test_real_engine_chat_and_completions(start_server, model_dir):
@@ -93,3 +119,15 @@ def test_real_engine_chat_and_completions(start_server, model_dir):
         assert body["choices"][0]["text"].strip()
         assert body["usage"]["completion_tokens"] <= 12
         assert body["choices"][0]["finish_reason"] in ("stop", "length")
+
+    # Where it ran (batchgen_site/cpu_placement.py): vLLM computes on the CPUs it bound
+    # its worker to; the web server, the control worker, the broker, the inference
+    # worker's front end and vLLM's scheduler on the others (on a host with more than
+    # one CPU: with one, vLLM reserves none and nothing moves).
+    if len(os.sched_getaffinity(0)) > 1:
+        try:
+            wait_until(lambda: placed_off_compute(server), timeout=30)
+        except TimeoutError:
+            pytest.fail(f"not placed off vLLM's compute CPUs: {cpu_layout(server)}")
+    else:
+        assert cpu_layout(server)["others"] == {frozenset(os.sched_getaffinity(0))}

@@ -17,6 +17,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from batchgen_site.celery import QueueName, inference_queue
 from batchgen_site.config import SERVER_SETTINGS
+from batchgen_site.cpu_placement import CpuPlacement
 from batchgen_site.gpus import GpuSlicingError, gpu_slices, visible_gpus
 from batchgen_site.supervisor import Program, Supervisor
 from inference.engines.registry import engine_spec
@@ -80,7 +81,7 @@ class Command(BaseCommand):
         # that cannot be served, is refused before anything starts.
         programs = self._programs(options)
         self._prepare(web=not options["inference_only"])
-        Supervisor(programs).run()
+        Supervisor(programs, placement=cpu_placement(programs)).run()
 
     def _environment(self, options) -> dict[str, str]:
         env = dict(os.environ)
@@ -135,12 +136,14 @@ class Command(BaseCommand):
         ip = os.environ.get("BATCHGEN_LISTEN_IP", "0.0.0.0")
         port = os.environ.get("BATCHGEN_LISTEN_PORT", "10900")
         try:
-            models = [model.id for model in served_models()]
+            served = served_models()
         except ModelListError as exc:
             raise CommandError(str(exc)) from None
         inference = inference_workers(
             celery, workers=settings.BATCHGEN_INFERENCE_WORKERS,
-            gpus_per_worker=settings.BATCHGEN_GPUS_PER_WORKER, models=models)
+            gpus_per_worker=settings.BATCHGEN_GPUS_PER_WORKER,
+            models=[model.id for model in served],
+            cpu_engines={model.id for model in served if model.engine == "vllm"})
         if options["inference_only"]:
             if not inference:
                 raise CommandError("--inference-only with no inference worker to start")
@@ -178,6 +181,16 @@ class Command(BaseCommand):
         return programs
 
 
+def cpu_placement(programs: list[Program]) -> CpuPlacement | None:
+    """Keep this host's BatchGen processes off the CPUs its vLLM engines compute on
+    (batchgen_site/cpu_placement.py), where they run on the CPU: a host without GPUs."""
+    if not settings.BATCHGEN_ENGINE_CPU_ISOLATION or not any(p.cpu_engine for p in programs):
+        return None
+    if visible_gpus(os.environ):
+        return None
+    return CpuPlacement()
+
+
 def inference_node_names(*, workers: int, models: list[str] | None = None) -> list[str]:
     """The Celery node names of the inference workers `serve` starts on a host,
     `workers` per served model: inference1@%h, inference2@%h, ... (pingworkers
@@ -186,12 +199,14 @@ def inference_node_names(*, workers: int, models: list[str] | None = None) -> li
 
 
 def inference_workers(celery: list[str], *, workers: int, gpus_per_worker: int,
-                      models: list[str] | None = None) -> list[Program]:
+                      models: list[str] | None = None,
+                      cpu_engines: set[str] = frozenset()) -> list[Program]:
     """`workers` inference worker programs per served model, each with a Celery node
     name of its own (inference1@HOST, inference2@HOST, ...), holding one model and
     consuming that model's queue (inference.<model id>), and, when `gpus_per_worker`
     is set, its own slice of the host's GPUs. Stopped together: N warm shutdowns take
-    as long as one."""
+    as long as one. `cpu_engines`: the models run by a vLLM engine, which binds CPUs
+    where it runs on them."""
     if workers < 0 or gpus_per_worker < 0:
         raise CommandError("--inference-workers and --gpus-per-worker must be 0 or more")
     models = models or [""]
@@ -226,7 +241,7 @@ def inference_workers(celery: list[str], *, workers: int, gpus_per_worker: int,
         programs.append(Program(f"inference{number}", [
             *celery, "worker", "-Q", queue, "-n", node,
             "--without-gossip", "--without-mingle", "--loglevel", "INFO",
-        ], env=env, group="inference"))
+        ], env=env, group="inference", cpu_engine=model in cpu_engines))
     return programs
 
 

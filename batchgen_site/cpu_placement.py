@@ -1,0 +1,141 @@
+"""Keeps BatchGen's own processes, and vLLM's scheduler, off the CPUs a CPU engine
+computes on.
+
+vLLM's CPU backend binds each compute worker's OpenMP threads to CPUs of its own
+(`VLLM_CPU_OMP_THREADS_BIND=auto`; on a 2-core host the model runs on CPU 0) and
+leaves the rest, "reserved", for its scheduler process and everything else. It does
+not hold the others to that: the kernel runs any thread on a compute CPU when it
+likes, where it preempts the forward pass of every request in the engine. vLLM's own
+engine-core process (the scheduler, which busy-waits on its workers) is one such
+thread; the web server answering a poll, the control worker's tick, the broker and
+the inference worker's front end are others. Measured on 2 cores, on one warm
+server (docs/benchmarks.md, "CPU placement"): over 7 interleaved pairs of runs,
+workloads d and e of benchmarks/workloads.py took a median 5 % less time with them
+held to the reserved CPU.
+
+So `manage.py serve` (the supervisor) pins every process under it, every thread of
+each, to the CPUs no compute worker is bound to, and leaves vLLM's compute workers
+as vLLM bound them. The supervisor itself is not pinned, so a program it restarts
+starts with every CPU; an inference worker is pinned only once its engine's compute
+workers run, so vLLM spawns them with every CPU to bind from. Nothing changes where
+no compute worker is bound to fewer CPUs than the host allows (a GPU engine, the
+openai-http or simulated engine, a one-CPU host), or with
+BATCHGEN_ENGINE_CPU_ISOLATION=false. A thread or process started later inherits
+its parent thread's CPUs; `apply()` runs every few seconds for what was missed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import psutil
+
+logger = logging.getLogger("batchgen.supervisor")
+
+# vLLM titles its compute processes VLLM::Worker, VLLM::Worker_TP1, ... (setproctitle;
+# the kernel's name keeps the first 15 characters).
+COMPUTE_PROCESS_PREFIX = "VLLM::Worker"
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A supervised program's processes: its own and all their descendants.
+    `wait_for_engine`: an inference worker, placed only once its compute workers run."""
+
+    processes: list[psutil.Process]
+    wait_for_engine: bool = False
+
+
+def is_compute(process: psutil.Process) -> bool:
+    try:
+        return process.name().startswith(COMPUTE_PROCESS_PREFIX)
+    except psutil.Error:
+        return False
+
+
+def threads(pid: int) -> list[int]:
+    try:
+        return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:  # gone
+        return []
+
+
+def thread_cpus(tid: int) -> frozenset[int] | None:
+    try:
+        return frozenset(os.sched_getaffinity(tid))
+    except OSError:  # gone
+        return None
+
+
+def compute_cpus(processes: Iterable[psutil.Process], allowed: frozenset[int]) -> frozenset[int]:
+    """The CPUs the compute workers' threads are bound to, where narrower than
+    `allowed` (those of a thread on every allowed CPU tell nothing)."""
+    bound: set[int] = set()
+    for process in processes:
+        for tid in threads(process.pid):
+            cpus = thread_cpus(tid)
+            if cpus is not None and cpus != allowed:
+                bound |= cpus & allowed
+    return frozenset(bound)
+
+
+def pin(process: psutil.Process, cpus: frozenset[int]) -> int:
+    """Every thread of `process` on `cpus`; how many threads were moved."""
+    moved = 0
+    for tid in threads(process.pid):
+        current = thread_cpus(tid)
+        if current is None or current == cpus:
+            continue
+        try:
+            os.sched_setaffinity(tid, cpus)
+            moved += 1
+        except OSError:  # gone since it was listed
+            continue
+    return moved
+
+
+class CpuPlacement:
+    """The supervisor's: `apply(trees)` pins what is not a compute worker to the CPUs
+    left by the compute workers."""
+
+    def __init__(self) -> None:
+        self.allowed = frozenset(os.sched_getaffinity(0))
+        self.placed: frozenset[int] = frozenset()  # BatchGen's CPUs, once known
+
+    def apply(self, trees: Iterable[Tree]) -> frozenset[int]:
+        """Place every process of `trees`; returns the CPUs they were given (empty:
+        nothing to keep them from, nothing changed)."""
+        trees = list(trees)
+        compute = [p for tree in trees for p in tree.processes if is_compute(p)]
+        engine = compute_cpus(compute, self.allowed)
+        rest = self.allowed - engine
+        if not engine or not rest:
+            return frozenset()
+        if rest != self.placed:
+            logger.info("vLLM computes on CPU %s: BatchGen's processes and vLLM's scheduler "
+                        "run on CPU %s (BATCHGEN_ENGINE_CPU_ISOLATION)", cpu_list(engine),
+                        cpu_list(rest))
+            self.placed = rest
+        for tree in trees:
+            if tree.wait_for_engine and not any(is_compute(p) for p in tree.processes):
+                continue  # its engine is starting: vLLM binds its workers from every CPU
+            for process in tree.processes:
+                if not is_compute(process):
+                    pin(process, rest)
+        return rest
+
+
+def cpu_list(cpus: Iterable[int]) -> str:
+    return ",".join(str(cpu) for cpu in sorted(cpus))
+
+
+def program_tree(pid: int, *, wait_for_engine: bool = False) -> Tree:
+    """The processes of the program whose main process is `pid`."""
+    try:
+        root = psutil.Process(pid)
+        return Tree([root, *root.children(recursive=True)], wait_for_engine)
+    except psutil.Error:  # it exited: the supervisor restarts it
+        return Tree([], wait_for_engine)
