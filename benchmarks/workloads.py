@@ -30,7 +30,14 @@ Paths, run in interleaved rounds (round 1: raw, run_batch, BatchGen; round 2 ...
             workloads one after the other;
             upload, create, poll every 0.25 s, download;
   batchgen_nogroup  (c only) BatchGen with BATCHGEN_PREFIX_GROUPING=false, its own
-            server.
+            server;
+  batchgen_shared   (all but c) BatchGen with BATCHGEN_ENGINE_CPU_ISOLATION=false, its
+            own server: its processes and vLLM's scheduler may run on the CPU vLLM
+            computes on (batchgen_site/cpu_placement.py).
+
+The paths of a workload run in an order that moves by one place each round (round 1:
+raw, run_batch, BatchGen ...; round 2: run_batch, BatchGen ..., raw), so none is always
+the first or the last one of a round on a machine whose speed drifts.
 
 All paths get BatchGen's CPU engine settings (float32, enforce_eager, prefix caching,
 generation_config vllm, 1 GiB KV cache unless --kv-tokens says otherwise) and the batch runner's
@@ -43,7 +50,8 @@ running-set size over time (vLLM's stats logger, VLLM_LOG_STATS_INTERVAL=1: runn
 waiting, KV cache usage, preemptions), CPU seconds per process and the load average.
 
 Goals (issue 15): BatchGen >= 1.0x run_batch on every workload, >= 1.3x on c,
->= 0.95x raw on a; grouping on vs off on c in the same run.
+>= 0.95x raw on a; grouping on vs off on c in the same run; CPU placement on vs
+off on the others.
 
     .venv/bin/python benchmarks/workloads.py                    # scale 1, 3 rounds
     .venv/bin/python benchmarks/workloads.py --scale 0.25 --rounds 1 --workloads b,c
@@ -101,7 +109,9 @@ TITLES = {"a": "short unique prompts", "b": "support desk, 8 shared system promp
           "c": "many long prefixes, small KV cache", "d": "long tail of output lengths",
           "e": "many small batches at once"}
 LABELS = {"raw": "raw vLLM LLM.chat", "run_batch": "vLLM run_batch",
-          "batchgen": "BatchGen", "batchgen_nogroup": "BatchGen, grouping off"}
+          "batchgen": "BatchGen", "batchgen_nogroup": "BatchGen, grouping off",
+          "batchgen_shared": "BatchGen, CPU placement off"}
+PATHS = tuple(LABELS)
 VOCABULARY = (
     "policy customer order refund invoice shipping warranty account billing support product "
     "service quality delivery payment schedule contract renewal return exchange discount "
@@ -247,6 +257,17 @@ def summarise_series(series: list[tuple], preemptions: int) -> dict:
         # (seconds into the run, running, waiting, KV cache usage %)
         "series": series,
     }
+
+
+def running_profile(series: list, run_s: float, points: int = 10) -> list[int]:
+    """vLLM's running count at each `points`-th of a run: the stats line nearest the
+    middle of each slice (0 where none was logged)."""
+    profile = []
+    for k in range(points):
+        at = run_s * (k + 0.5) / points
+        near = min(series, key=lambda s: abs(s[0] - at), default=None)
+        profile.append(near[1] if near is not None and abs(near[0] - at) <= 1.5 else 0)
+    return profile
 
 
 def read_answers(lines: list[bytes]) -> dict:
@@ -395,8 +416,10 @@ def run_run_batch(names: list[str], workloads: dict, kv_bytes: int, model: str, 
 
 
 def run_batchgen(names: list[str], workloads: dict, kv_bytes: int, model: str, work: Path,
-                 tag: str, timeout: float, *, grouping: bool = True) -> dict[str, dict]:
-    env = {"BATCHGEN_MODEL": model, "BATCHGEN_PREFIX_GROUPING": str(grouping).lower()}
+                 tag: str, timeout: float, *, grouping: bool = True,
+                 placement: bool = True) -> dict[str, dict]:
+    env = {"BATCHGEN_MODEL": model, "BATCHGEN_PREFIX_GROUPING": str(grouping).lower(),
+           "BATCHGEN_ENGINE_CPU_ISOLATION": str(placement).lower()}
     if kv_bytes != CPU_KV_CACHE_BYTES:
         env["BATCHGEN_ENGINE_ARGS"] = json.dumps({"kv_cache_memory_bytes": kv_bytes})
     found = {}
@@ -478,9 +501,12 @@ def main() -> None:
                         help="multiplies every workload's request count")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--paths", default="raw,run_batch,batchgen,batchgen_nogroup")
+    parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--kv-tokens", type=int, default=0,
                         help="KV cache of every path, in tokens (default: BatchGen's 1 GiB)")
+    parser.add_argument("--c-kv-tokens", type=int, default=0,
+                        help="KV cache of workload c alone, in tokens, on an engine of its "
+                             "own (default: --kv-tokens)")
     parser.add_argument("--c-requests", type=int, default=0,
                         help="requests of workload c (default 480 x scale)")
     parser.add_argument("--c-prefixes", type=int, default=24)
@@ -491,6 +517,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800, help="per run, seconds")
     parser.add_argument("--name", default="workloads")
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--from-json", type=Path,
+                        help="print the tables of an earlier run's results file, run nothing")
     parser.add_argument("--raw-child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--run-batch-child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -499,6 +527,9 @@ def main() -> None:
         return
     if args.run_batch_child:
         run_batch_child(args.run_batch_child)
+        return
+    if args.from_json:
+        report(json.loads(args.from_json.read_text())["runs"])
         return
     mark_start()
     chosen = [w for w in WORKLOADS if w in args.workloads.split(",")]
@@ -524,33 +555,64 @@ def main() -> None:
         workloads = build_workloads(work, Path(args.model).name, args.scale,
                                     (args.c_requests, args.c_prefixes, args.c_prefix_tokens))
         kv = args.kv_tokens * KV_BYTES_PER_TOKEN if args.kv_tokens else CPU_KV_CACHE_BYTES
-        raw_group = [w for w in chosen if w in args.raw_workloads.split(",")]
+        c_kv = args.c_kv_tokens * KV_BYTES_PER_TOKEN if args.c_kv_tokens else kv
+        # Workloads on one cache share an engine (a server) per path and round; c may
+        # have a smaller cache of its own, so the others run at BatchGen's default.
+        caches: dict[int, list[str]] = {}
+        for name in chosen:
+            caches.setdefault(c_kv if name == "c" else kv, []).append(name)
+        raw_only = args.raw_workloads.split(",")
         for round_no in range(1, args.rounds + 1):
-            tag = str(round_no)
-            if "raw" in paths and raw_group:
-                print(f"round {round_no}: raw {raw_group}", flush=True)
-                wait_for_quiet(timeout=QUIET_WAIT)
-                keep("raw", run_raw(raw_group, workloads, kv, args.model, work, tag,
-                                    args.timeout))
-            if "run_batch" in paths:
-                print(f"round {round_no}: run_batch {chosen}", flush=True)
-                wait_for_quiet(timeout=QUIET_WAIT)
-                keep("run_batch", run_run_batch(chosen, workloads, kv, args.model, work, tag,
-                                                args.timeout))
-            if "batchgen" in paths:
-                print(f"round {round_no}: batchgen {chosen}", flush=True)
-                keep("batchgen", run_batchgen(chosen, workloads, kv, args.model, work, tag,
-                                              args.timeout))
-            if "batchgen_nogroup" in paths and "c" in chosen:
-                print(f"round {round_no}: batchgen, grouping off, c", flush=True)
-                keep("batchgen_nogroup", run_batchgen(["c"], workloads, kv, args.model, work,
-                                                      f"{tag}-nogroup", args.timeout,
-                                                      grouping=False))
+            for index, (cache, names) in enumerate(caches.items()):
+                tag = f"{round_no}-{index}"
+                # Each path runs the workloads of this cache that it runs, on one warm
+                # engine (or server); the paths' order moves by one each round.
+                runs_of = {
+                    "raw": [w for w in names if w in raw_only],
+                    "run_batch": names,
+                    "batchgen": names,
+                    "batchgen_nogroup": [w for w in names if w == "c"],
+                    "batchgen_shared": [w for w in names if w != "c"],
+                }
+                order = [p for p in PATHS if p in paths and runs_of[p]]
+                shift = (round_no - 1) % len(order) if order else 0
+                for path in order[shift:] + order[:shift]:
+                    group = runs_of[path]
+                    print(f"round {round_no}: {path} {group}", flush=True)
+                    if path == "raw":
+                        wait_for_quiet(timeout=QUIET_WAIT)
+                        found = run_raw(group, workloads, cache, args.model, work, tag,
+                                        args.timeout)
+                    elif path == "run_batch":
+                        wait_for_quiet(timeout=QUIET_WAIT)
+                        found = run_run_batch(group, workloads, cache, args.model, work, tag,
+                                              args.timeout)
+                    else:
+                        found = run_batchgen(group, workloads, cache, args.model, work,
+                                             f"{tag}-{path}", args.timeout,
+                                             grouping=path != "batchgen_nogroup",
+                                             placement=path != "batchgen_shared")
+                    keep(path, found)
             # What the rounds so far gave, in case the run is cut short.
-            report(runs, workloads, args, time.monotonic() - t_start)
+            elapsed = time.monotonic() - t_start
+            print(f"after round {round_no}: {elapsed / 60:.1f} min")
+            write_results(args.name, {
+                "scale": args.scale, "rounds": args.rounds, "rounds_done": round_no,
+                "c_shape": {"requests": args.c_requests or None, "prefixes": args.c_prefixes,
+                            "prefix_tokens": args.c_prefix_tokens},
+                "kv_tokens": args.kv_tokens or None,
+                "c_kv_tokens": args.c_kv_tokens or args.kv_tokens or None,
+                "elapsed_min": round(elapsed / 60, 1), "model": args.model,
+                "workloads": {k: {"title": TITLES[k], "requests": v["requests"],
+                                  "batches": len(v["batches"])}
+                              for k, v in workloads.items()},
+                **report(runs), "runs": runs,
+            })
 
 
-def report(runs: dict, workloads: dict, args, elapsed: float) -> None:
+def report(runs: dict) -> dict:
+    """Print the tables of `runs` (workload -> path -> one result a round); return the
+    medians, the ratios and the goals."""
     summary: dict[str, dict] = {}
     rows = []
     for name, by_path in runs.items():
@@ -587,8 +649,8 @@ def report(runs: dict, workloads: dict, args, elapsed: float) -> None:
                  "running mean", "max", "waiting mean", "KV max %", "preempt", "load 1m"], rows)
     ratios, goals = {}, {}
     for name, by_path in summary.items():
-        for path in ("batchgen", "batchgen_nogroup"):
-            for base in ("raw", "run_batch", "batchgen_nogroup"):
+        for path in ("batchgen", "batchgen_nogroup", "batchgen_shared"):
+            for base in ("raw", "run_batch", "batchgen_nogroup", "batchgen_shared"):
                 if path in by_path and base in by_path and path != base:
                     key = f"{name}: {path} / {base}"
                     ratios[key] = {
@@ -621,20 +683,17 @@ def report(runs: dict, workloads: dict, args, elapsed: float) -> None:
     print_table("CPU seconds during the run by process (medians; machine busy = every "
                 "process on the machine)", ["wl", "path", "by process", "machine busy s",
                                             "run s"], cpu_rows)
+    profile_rows = []
+    for name, by_path in runs.items():
+        for path, results in by_path.items():
+            middle = sorted(results, key=lambda r: r["run_s"])[len(results) // 2]
+            profile_rows.append([name, LABELS[path], round(middle["run_s"], 1), " ".join(
+                f"{v:>3}" for v in running_profile(middle["engine"]["series"], middle["run_s"]))])
+    print_table("The running set over the run (vLLM's running requests at each tenth of "
+                "the median round's run)", ["wl", "path", "run s", "running, by tenth"],
+                profile_rows)
     for goal, met in goals.items():
         print(f"goal {goal}: {'MET' if met else 'NOT MET'}")
-    print(f"whole run: {elapsed / 60:.1f} min")
-    write_results(args.name, {
-        "scale": args.scale, "rounds": args.rounds,
-        "c_shape": {"requests": args.c_requests or None, "prefixes": args.c_prefixes,
-                    "prefix_tokens": args.c_prefix_tokens}, "kv_tokens": args.kv_tokens or None,
-        "elapsed_min": round(elapsed / 60, 1), "model": args.model,
-        "workloads": {k: {"title": TITLES[k], "requests": v["requests"],
-                          "batches": len(v["batches"])}
-                      for k, v in workloads.items()},
-        "summary": summary, "ratios": ratios, "goals": goals, "runs": runs,
-    })
-
-
+    return {"summary": summary, "ratios": ratios, "goals": goals}
 if __name__ == "__main__":
     main()
