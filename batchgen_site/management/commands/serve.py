@@ -143,7 +143,8 @@ class Command(BaseCommand):
             celery, workers=settings.BATCHGEN_INFERENCE_WORKERS,
             gpus_per_worker=settings.BATCHGEN_GPUS_PER_WORKER,
             models=[model.id for model in served],
-            cpu_engines={model.id for model in served if model.engine == "vllm"})
+            cpu_engines={model.id for model in served
+                         if engine_spec(model.engine).computes_on_host_cpu})
         if options["inference_only"]:
             if not inference:
                 raise CommandError("--inference-only with no inference worker to start")
