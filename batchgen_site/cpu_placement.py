@@ -8,10 +8,10 @@ not hold the others to that: the kernel runs any thread on a compute CPU when it
 likes, where it preempts the forward pass of every request in the engine. vLLM's own
 engine-core process (the scheduler, which busy-waits on its workers) is one such
 thread; the web server answering a poll, the control worker's tick, the broker and
-the inference worker's front end are others. Measured on 2 cores, on one warm
-server (docs/benchmarks.md, "CPU placement"): over 7 interleaved pairs of runs,
-workloads d and e of benchmarks/workloads.py took a median 5 % less time with them
-held to the reserved CPU.
+the inference worker's front end are others. Measured on 2 cores
+(docs/benchmarks.md, workloads.py): placement on against off came out at 0.94-1.04x
+over three interleaved rounds, within the machine's noise; it follows the layout
+vLLM's CPU backend asks for, at 0.1-0.2 CPU-s a minute of the supervisor's.
 
 So `manage.py serve` (the supervisor) pins every process under it, every thread of
 each, to the CPUs no compute worker is bound to, and leaves vLLM's compute workers
@@ -109,8 +109,8 @@ class CpuPlacement:
         """Place every process of `trees`; returns the CPUs they were given (empty:
         nothing to keep them from, nothing changed)."""
         trees = list(trees)
-        compute = [p for tree in trees for p in tree.processes if is_compute(p)]
-        engine = compute_cpus(compute, self.allowed)
+        compute = {p.pid: p for tree in trees for p in tree.processes if is_compute(p)}
+        engine = compute_cpus(compute.values(), self.allowed)
         rest = self.allowed - engine
         if not engine or not rest:
             return frozenset()
@@ -120,10 +120,10 @@ class CpuPlacement:
                         cpu_list(rest))
             self.placed = rest
         for tree in trees:
-            if tree.wait_for_engine and not any(is_compute(p) for p in tree.processes):
+            if tree.wait_for_engine and not any(p.pid in compute for p in tree.processes):
                 continue  # its engine is starting: vLLM binds its workers from every CPU
             for process in tree.processes:
-                if not is_compute(process):
+                if process.pid not in compute:
                     pin(process, rest)
         return rest
 

@@ -147,7 +147,7 @@ def test_serve_places_processes_only_on_a_host_without_gpus(settings, monkeypatc
     assert serve.cpu_placement(engine) is None
 
 
-def test_only_vllm_models_workers_wait_for_their_engine(settings):
+def test_only_workers_of_an_engine_computing_on_the_host_cpu_wait_for_it(settings):
     from batchgen_site.management.commands.serve import Command
     from inference.model_info import served_models
 

@@ -206,8 +206,8 @@ def inference_workers(celery: list[str], *, workers: int, gpus_per_worker: int,
     name of its own (inference1@HOST, inference2@HOST, ...), holding one model and
     consuming that model's queue (inference.<model id>), and, when `gpus_per_worker`
     is set, its own slice of the host's GPUs. Stopped together: N warm shutdowns take
-    as long as one. `cpu_engines`: the models run by a vLLM engine, which binds CPUs
-    where it runs on them."""
+    as long as one. `cpu_engines`: the models whose engine computes on the host's
+    CPUs where it sees no GPU (its spec's computes_on_host_cpu), binding CPUs there."""
     if workers < 0 or gpus_per_worker < 0:
         raise CommandError("--inference-workers and --gpus-per-worker must be 0 or more")
     models = models or [""]
