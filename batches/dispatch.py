@@ -92,7 +92,17 @@ def dispatch(*, wait: bool = True) -> int:
     dispatch holds the lock.
 
     Locks (batches.locks): the dispatch ControlLock, the chosen pending chunk rows,
-    then the batch rows whose pass moved, each in ascending id."""
+    then the batch rows whose pass moved, each in ascending id.
+
+    Most calls find nothing to do (the tick on an idle server, every chunk out
+    already, or every window full): they answer from indexed reads, without a write
+    transaction, which on SQLite would take the database's one write lock every
+    second from the workers' flushes. What changes after the reads is covered as
+    it would be under the lock: admission dispatches after it commits new chunks, a
+    flush that frees a chunk thread after it, and the next tick whatever else."""
+    if (not Chunk.objects.filter(status=ChunkStatus.PENDING).exists()
+            or not any(_room(model) > 0 for model in served_model_ids())):
+        return 0
     refs: list[tuple[str, int, int]] = []
     with transaction.atomic():
         if not lock_control(ControlLock.DISPATCH, wait=wait):
@@ -117,12 +127,17 @@ def dispatch(*, wait: bool = True) -> int:
     return len(refs)
 
 
+def _room(model: str) -> int:
+    """How many more chunks of `model` its window takes now."""
+    return dispatch_window(model) - Chunk.objects.filter(
+        status=ChunkStatus.QUEUED, model__in=_model_filter(model)).count()
+
+
 def _choose(model: str, advanced: dict[str, float]) -> list[tuple[str, int, int]]:
     """Pending chunks of `model` to fill its window, by stride scheduling; `advanced`
     holds the batches' passes as they grow (shared by the models)."""
     models = _model_filter(model)
-    room = dispatch_window(model) - Chunk.objects.filter(
-        status=ChunkStatus.QUEUED, model__in=models).count()
+    room = _room(model)
     if room <= 0:
         return []
     candidates = list(Batch.objects.filter(status=BatchStatus.IN_PROGRESS,

@@ -312,14 +312,21 @@ CELERY_WORKER_SEND_TASK_EVENTS = True  # Flower
 CELERY_TASK_SEND_SENT_EVENT = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(RUN_DIR / "celerybeat-schedule")
 
+# The beat's tasks due every few seconds, logged at DEBUG (log_filters.RoutineTicksAtDebug);
+# the slower ones (expiry, recovery, purges) stay at INFO.
+ROUTINE_TICK_TASKS = ("batches.dispatch_chunks", "webhooks.sweep_deliveries")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "filters": {"client_faults_as_warnings": {
-        "()": "batchgen_site.log_filters.ClientFaultsAsWarnings"}},
+                    "()": "batchgen_site.log_filters.ClientFaultsAsWarnings"},
+                "routine_ticks_at_debug": {
+                    "()": "batchgen_site.log_filters.RoutineTicksAtDebug",
+                    "tasks": ROUTINE_TICK_TASKS}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
-                             "filters": ["client_faults_as_warnings"]}},
+                             "filters": ["client_faults_as_warnings",
+                                         "routine_ticks_at_debug"]}},
     "root": {"handlers": ["console"], "level": env("BATCHGEN_LOG_LEVEL", default="INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"},
                 # One INFO line per request would flood the log of a worker whose

@@ -152,3 +152,27 @@ def test_many_workers_flushing_dispatching_and_cancelling_at_once_never_deadlock
     assert Batch.objects.get(id=late.id).status == BatchStatus.IN_PROGRESS
     assert intake_reserved() == Batch.objects.get(id=late.id).intake_reserved + sum(
         Batch.objects.get(id=b.id).intake_reserved for b in batches)
+
+
+def test_a_dispatch_with_nothing_to_do_only_reads(running_batch):
+    """The control worker's tick calls dispatch every second. With every chunk out
+    or every window full it must not take the dispatch lock or open a write (on
+    SQLite, the database's one write lock, which the workers' flushes need)."""
+    running_batch(5, chunk_size=2)  # 3 chunks: all queued, none pending
+    with CaptureQueriesContext(connection) as all_out:
+        assert dispatch.dispatch(wait=False) == 0
+    big = running_batch(20, chunk_size=2)  # the window of 4 is full: 9 pending
+    with CaptureQueriesContext(connection) as full:
+        assert dispatch.dispatch(wait=False) == 0
+
+    for queries in (all_out, full):
+        statements = [q["sql"] for q in queries.captured_queries]
+        assert statements and all(sql.lstrip().upper().startswith("SELECT")
+                                  for sql in statements), statements
+        assert not any("controllock" in sql.lower() for sql in statements), statements
+
+    # Room again (a worker claimed one): the same call dispatches.
+    [queued] = Chunk.objects.filter(batch=big, status=ChunkStatus.QUEUED).values_list(
+        "id", flat=True)[:1]
+    assert chunks.chunk_claim(chunk_id=queued, worker="w1") is not None
+    assert dispatch.dispatch(wait=False) == 1

@@ -1,5 +1,6 @@
-"""Requests Django finds suspicious are refused with a 400 and logged as one warning
-line (batchgen_site.log_filters): a client cannot fill the error log at will."""
+"""The console log's filters (batchgen_site.log_filters): requests Django finds
+suspicious are refused with a 400 and logged as one warning line, so a client cannot
+fill the error log at will; the beat's routine ticks are DEBUG lines."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import io
 import logging
 
 import pytest
+from celery.app.trace import LOG_FAILURE, LOG_RECEIVED, LOG_SUCCESS
 
 from tests.conftest import error_of
 
@@ -68,3 +70,52 @@ def test_a_server_error_response_is_still_logged_as_an_error(console):
         "Response", (), {"status_code": 500, "_has_been_logged": False})(), request=request)
 
     assert " ERROR django.request Internal Server Error: /v1/batches" in console.getvalue()
+
+
+def _celery_lines(task: str) -> None:
+    """What beat, the worker and the task's tracer log about one run of `task`."""
+    context = {"name": task, "id": "0e1648df", "runtime": 0.007, "return_value": 0,
+               "args": "()", "kwargs": "{}"}
+    logging.getLogger("celery.beat").info("Scheduler: Sending due task %s (%s)", "tick", task)
+    logging.getLogger("celery.worker.strategy").info(LOG_RECEIVED, context)
+    logging.getLogger("celery.app.trace").info(LOG_SUCCESS, context)
+
+
+def test_the_dispatch_tick_every_second_leaves_no_line_in_the_log(console, settings):
+    assert "batches.dispatch_chunks" in settings.ROUTINE_TICK_TASKS
+
+    _celery_lines("batches.dispatch_chunks")
+    _celery_lines("webhooks.sweep_deliveries")
+
+    assert console.getvalue() == ""
+
+
+def test_other_tasks_are_still_logged_at_info(console):
+    _celery_lines("batches.validate_batch")
+
+    lines = console.getvalue().splitlines()
+    assert len(lines) == 3, lines
+    assert all(" INFO celery." in line and "batches.validate_batch" in line for line in lines)
+
+
+def test_a_tick_that_fails_is_still_an_error(console):
+    logging.getLogger("celery.app.trace").error(
+        LOG_FAILURE, {"name": "batches.dispatch_chunks", "id": "0e1648df",
+                      "exc": "OperationalError('database is locked')", "description": "raised"})
+
+    assert " ERROR celery.app.trace Task batches.dispatch_chunks[0e1648df] raised" in (
+        console.getvalue())
+
+
+def test_the_ticks_show_as_debug_lines_when_debugging(console):
+    for name in ("celery.beat", "celery.worker.strategy", "celery.app.trace"):
+        logging.getLogger(name).setLevel(logging.DEBUG)
+    try:
+        _celery_lines("batches.dispatch_chunks")
+    finally:
+        for name in ("celery.beat", "celery.worker.strategy", "celery.app.trace"):
+            logging.getLogger(name).setLevel(logging.NOTSET)
+
+    lines = console.getvalue().splitlines()
+    assert len(lines) == 3, lines
+    assert all(" DEBUG celery." in line for line in lines)
