@@ -47,13 +47,15 @@ class RoutineTicksAtDebug(logging.Filter):
     lines are DEBUG: shown with BATCHGEN_LOG_LEVEL=DEBUG, dropped otherwise. A tick
     that fails is still logged at ERROR, and every other task as before."""
 
-    def __init__(self, tasks: list[str] | tuple[str, ...] = ()) -> None:
+    def __init__(self, tasks: list[str] | tuple[str, ...] = (), show: bool = False) -> None:
         super().__init__()
-        self.tasks = frozenset(tasks)
+        self.tasks, self.show = frozenset(tasks), show
 
     def filter(self, record: logging.LogRecord) -> bool:
         name_of = _TASK_LINES.get(record.name)
         if name_of is None or record.levelno != logging.INFO or name_of(record.args) not in self.tasks:
             return True
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        # `show` comes from BATCHGEN_LOG_LEVEL (settings): no logger's level tells it
+        # in a worker, where Celery sets its loggers' and the root's to --loglevel.
+        return self.show

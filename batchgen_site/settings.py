@@ -315,6 +315,7 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(RUN_DIR / "celerybeat-schedule")
 # The beat's tasks due every few seconds, logged at DEBUG (log_filters.RoutineTicksAtDebug);
 # the slower ones (expiry, recovery, purges) stay at INFO.
 ROUTINE_TICK_TASKS = ("batches.dispatch_chunks", "webhooks.sweep_deliveries")
+LOG_LEVEL = env("BATCHGEN_LOG_LEVEL", default="INFO").upper()
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -323,11 +324,11 @@ LOGGING = {
                     "()": "batchgen_site.log_filters.ClientFaultsAsWarnings"},
                 "routine_ticks_at_debug": {
                     "()": "batchgen_site.log_filters.RoutineTicksAtDebug",
-                    "tasks": ROUTINE_TICK_TASKS}},
+                    "tasks": ROUTINE_TICK_TASKS, "show": LOG_LEVEL == "DEBUG"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
                              "filters": ["client_faults_as_warnings",
                                          "routine_ticks_at_debug"]}},
-    "root": {"handlers": ["console"], "level": env("BATCHGEN_LOG_LEVEL", default="INFO")},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.db.backends": {"level": "WARNING"},
                 # One INFO line per request would flood the log of a worker whose
                 # engine is a remote server (the openai-http engine logs what matters).

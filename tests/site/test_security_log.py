@@ -107,15 +107,26 @@ def test_a_tick_that_fails_is_still_an_error(console):
         console.getvalue())
 
 
-def test_the_ticks_show_as_debug_lines_when_debugging(console):
-    for name in ("celery.beat", "celery.worker.strategy", "celery.app.trace"):
-        logging.getLogger(name).setLevel(logging.DEBUG)
+def test_the_ticks_show_as_debug_lines_when_debugging():
+    """BATCHGEN_LOG_LEVEL=DEBUG (settings) shows them, as DEBUG lines."""
+    from batchgen_site.log_filters import RoutineTicksAtDebug
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s"))
+    handler.addFilter(RoutineTicksAtDebug(["batches.dispatch_chunks"], show=True))
+    loggers = [logging.getLogger(name) for name in ("celery.beat", "celery.worker.strategy",
+                                                    "celery.app.trace")]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.propagate = False
     try:
         _celery_lines("batches.dispatch_chunks")
     finally:
-        for name in ("celery.beat", "celery.worker.strategy", "celery.app.trace"):
-            logging.getLogger(name).setLevel(logging.NOTSET)
+        for logger in loggers:
+            logger.removeHandler(handler)
+            logger.propagate = True
 
-    lines = console.getvalue().splitlines()
+    lines = stream.getvalue().splitlines()
     assert len(lines) == 3, lines
-    assert all(" DEBUG celery." in line for line in lines)
+    assert all(line.startswith("DEBUG celery.") for line in lines)
