@@ -137,7 +137,7 @@ def _choose(model: str, advanced: dict[str, float]) -> list[tuple[str, int, int]
     """Pending chunks of `model` to fill its window, by stride scheduling; `advanced`
     holds the batches' passes as they grow (shared by the models)."""
     models = _model_filter(model)
-    room = _room(model)
+    room = _room(model)  # again, under the lock: dispatch()'s first read was without it
     if room <= 0:
         return []
     candidates = list(Batch.objects.filter(status=BatchStatus.IN_PROGRESS,

@@ -29,14 +29,19 @@ class ClientFaultsAsWarnings(logging.Filter):
         return True
 
 
-# Celery's own INFO lines about a task: beat sending it, a worker receiving it, the
-# task succeeding. What names the task in each record's arguments.
-_TASK_LINES = {"celery.beat": lambda args: args[1] if isinstance(args, tuple) and len(args) > 1
-               else None,
-               "celery.worker.strategy": lambda args: args.get("name")
-               if isinstance(args, dict) else None,
-               "celery.app.trace": lambda args: args.get("name")
-               if isinstance(args, dict) else None}
+# Celery's loggers of its INFO lines about a task: beat sending it, a worker receiving
+# it, the task succeeding.
+_TASK_LOGGERS = frozenset({"celery.beat", "celery.worker.strategy", "celery.app.trace"})
+
+
+def _task_named(args) -> str | None:
+    """The task a Celery line is about: the worker's and the tracer's lines format a
+    dict with its name; beat's, the tuple (entry name, task name)."""
+    if isinstance(args, dict):
+        return args.get("name")
+    if isinstance(args, tuple) and len(args) == 2:
+        return args[1]
+    return None
 
 
 class RoutineTicksAtDebug(logging.Filter):
@@ -52,8 +57,8 @@ class RoutineTicksAtDebug(logging.Filter):
         self.tasks, self.show = frozenset(tasks), show
 
     def filter(self, record: logging.LogRecord) -> bool:
-        name_of = _TASK_LINES.get(record.name)
-        if name_of is None or record.levelno != logging.INFO or name_of(record.args) not in self.tasks:
+        if (record.levelno != logging.INFO or record.name not in _TASK_LOGGERS
+                or _task_named(record.args) not in self.tasks):
             return True
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         # `show` comes from BATCHGEN_LOG_LEVEL (settings): no logger's level tells it

@@ -312,8 +312,8 @@ CELERY_WORKER_SEND_TASK_EVENTS = True  # Flower
 CELERY_TASK_SEND_SENT_EVENT = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(RUN_DIR / "celerybeat-schedule")
 
-# The beat's tasks due every few seconds, logged at DEBUG (log_filters.RoutineTicksAtDebug);
-# the slower ones (expiry, recovery, purges) stay at INFO.
+# The beat's tasks due within 10 seconds, logged at DEBUG (log_filters.RoutineTicksAtDebug);
+# the slower ones (recovery every 15 s, expiry, purges) stay at INFO.
 ROUTINE_TICK_TASKS = ("batches.dispatch_chunks", "webhooks.sweep_deliveries")
 LOG_LEVEL = env("BATCHGEN_LOG_LEVEL", default="INFO").upper()
 LOGGING = {

@@ -81,9 +81,18 @@ def _celery_lines(task: str) -> None:
     logging.getLogger("celery.app.trace").info(LOG_SUCCESS, context)
 
 
-def test_the_dispatch_tick_every_second_leaves_no_line_in_the_log(console, settings):
-    assert "batches.dispatch_chunks" in settings.ROUTINE_TICK_TASKS
+def test_every_task_the_beat_sends_within_ten_seconds_is_a_routine_tick(settings):
+    """Recovery (every 15 s) keeps its INFO line: it says what was recovered."""
+    from batchgen_site.celery import app
 
+    frequent = {entry["task"] for entry in app.conf.beat_schedule.values()
+                if float(entry["schedule"]) < 10}
+
+    assert "batches.dispatch_chunks" in frequent
+    assert frequent <= set(settings.ROUTINE_TICK_TASKS)
+
+
+def test_the_dispatch_tick_every_second_leaves_no_line_in_the_log(console):
     _celery_lines("batches.dispatch_chunks")
     _celery_lines("webhooks.sweep_deliveries")
 
