@@ -73,7 +73,8 @@ BATCHGEN_ENGINE_QUEUE_DEPTH = env.int(
 BATCHGEN_INFERENCE_WORKERS = env.int("BATCHGEN_INFERENCE_WORKERS", default=1)
 BATCHGEN_GPUS_PER_WORKER = env.int("BATCHGEN_GPUS_PER_WORKER", default=0)
 # On a host whose vLLM engines run on the CPU, `serve` keeps its other processes (and
-# vLLM's scheduler) off the CPUs vLLM computes on (batchgen_site/cpu_placement.py).
+# vLLM's scheduler) off the CPUs vLLM computes on, its services at a lower priority than
+# the scheduler there (batchgen_site/cpu_placement.py).
 BATCHGEN_ENGINE_CPU_ISOLATION = env.bool("BATCHGEN_ENGINE_CPU_ISOLATION", default=True)
 BATCHGEN_SIM_LATENCY_MS = env.float("BATCHGEN_SIM_LATENCY_MS",
                                     default=float(setting_default("BATCHGEN_SIM_LATENCY_MS")))

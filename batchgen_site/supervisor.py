@@ -26,6 +26,9 @@ STOP_TIMEOUT = 30.0
 # How often the CPU placement looks for processes and threads it has not placed yet
 # (a restarted program; an engine that came up): a scan of /proc, a few ms.
 PLACEMENT_INTERVAL = 5.0
+# The group of the inference workers: stopped together, and (with a CPU engine) the
+# programs that keep their priority beside it (batchgen_site/cpu_placement.py).
+INFERENCE_GROUP = "inference"
 
 
 @dataclass
@@ -118,7 +121,8 @@ class Supervisor:
             return
         self._placed_at = now
         try:
-            self.placement.apply(program_tree(p.process.pid, wait_for_engine=p.cpu_engine)
+            self.placement.apply(program_tree(p.process.pid, wait_for_engine=p.cpu_engine,
+                                              service=p.group != INFERENCE_GROUP)
                                  for p in self.programs
                                  if p.process is not None and p.process.poll() is None)
         except Exception:  # placement is an optimisation: never stop supervising for it

@@ -8,6 +8,7 @@ import os
 import psutil
 import pytest
 
+from batchgen_site.cpu_placement import SERVICE_NICENESS
 from tests.e2e.harness import wait_until
 
 pytestmark = pytest.mark.vllm
@@ -69,6 +70,25 @@ def placed_off_compute(server) -> bool:
     return layout["others"] == {rest}
 
 
+def niceness(server) -> dict[str, set[int]]:
+    """The niceness of every thread of the web server ("web") and of the inference
+    worker with vLLM's processes under it ("inference")."""
+    found: dict[str, set[int]] = {"web": set(), "inference": set()}
+    for program in psutil.Process(server.process.pid).children():
+        try:
+            command = " ".join(program.cmdline())
+            role = "web" if "gunicorn" in command else "inference" if "-Q inference" in command \
+                else None
+            if role is None:
+                continue
+            for process in [program, *program.children(recursive=True)]:
+                for tid in os.listdir(f"/proc/{process.pid}/task"):
+                    found[role].add(os.getpriority(os.PRIO_PROCESS, int(tid)))
+        except (psutil.Error, OSError):  # a process or thread that just ended
+            continue
+    return found
+
+
 def test_real_engine_chat_and_completions(start_server, model_dir):
     server, api = start_server(engine="vllm", ready_timeout=300, BATCHGEN_MODEL=str(model_dir),
                                BATCHGEN_MAX_CONTEXT_LENGTH="512", BATCHGEN_MAX_POOL_SIZE="64")
@@ -123,11 +143,15 @@ def test_real_engine_chat_and_completions(start_server, model_dir):
     # Where it ran (batchgen_site/cpu_placement.py): vLLM computes on the CPUs it bound
     # its worker to; the web server, the control worker, the broker, the inference
     # worker's front end and vLLM's scheduler on the others (on a host with more than
-    # one CPU: with one, vLLM reserves none and nothing moves).
+    # one CPU: with one, vLLM reserves none and nothing moves), where the services
+    # give way to the scheduler and the inference worker keeps its priority.
     if len(os.sched_getaffinity(0)) > 1:
         try:
-            wait_until(lambda: placed_off_compute(server), timeout=30)
+            wait_until(lambda: placed_off_compute(server)
+                       and niceness(server)["web"] == {SERVICE_NICENESS}, timeout=30)
         except TimeoutError:
-            pytest.fail(f"not placed off vLLM's compute CPUs: {cpu_layout(server)}")
+            pytest.fail(f"not placed off vLLM's compute CPUs: {cpu_layout(server)}, "
+                        f"niceness {niceness(server)}")
+        assert niceness(server)["inference"] == {os.getpriority(os.PRIO_PROCESS, 0)}
     else:
         assert cpu_layout(server)["others"] == {frozenset(os.sched_getaffinity(0))}

@@ -11,8 +11,8 @@ import sys
 import psutil
 import pytest
 
-from batchgen_site.cpu_placement import CpuPlacement, program_tree
-from batchgen_site.supervisor import Program, Supervisor
+from batchgen_site.cpu_placement import SERVICE_NICENESS, CpuPlacement, program_tree
+from batchgen_site.supervisor import INFERENCE_GROUP, Program, Supervisor
 from tests.e2e.harness import wait_until
 
 ALLOWED = frozenset(os.sched_getaffinity(0))
@@ -49,6 +49,10 @@ def thread_cpus(pid: int) -> set[frozenset[int]]:
     return {frozenset(os.sched_getaffinity(int(tid))) for tid in os.listdir(f"/proc/{pid}/task")}
 
 
+def thread_niceness(pid: int) -> set[int]:
+    return {os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+
+
 def processes(pid: int) -> list[psutil.Process]:
     root = psutil.Process(pid)
     return [root, *root.children(recursive=True)]
@@ -66,9 +70,9 @@ def supervisor(tmp_path):
     programs = [
         Program("web", [sys.executable, "-c", SERVICE, str(ready["web"])]),
         Program("inference1", [sys.executable, "-c", INFERENCE, str(ready["worker1"]),
-                               str(ready["engine"])], group="inference", cpu_engine=True),
+                               str(ready["engine"])], group=INFERENCE_GROUP, cpu_engine=True),
         Program("inference2", [sys.executable, "-c", INFERENCE, str(ready["worker2"])],
-                group="inference", cpu_engine=True),
+                group=INFERENCE_GROUP, cpu_engine=True),
     ]
     supervisor = Supervisor(programs, placement=CpuPlacement())
     for program in programs:
@@ -92,6 +96,32 @@ def test_every_thread_but_the_compute_workers_leaves_the_engines_cpu(supervisor)
     assert thread_cpus(worker) == {REST}  # the front end
     assert thread_cpus(compute.pid) == {frozenset({COMPUTE_CPU})}  # as vLLM bound it
     assert supervisor.placement.placed == REST
+
+
+def test_the_services_give_way_to_the_engine_on_the_cpus_they_share(supervisor):
+    """A poll or a tick holding the CPU vLLM's scheduler shares with it delays the
+    next engine step: the services run below the scheduler's priority there, the
+    inference worker's front end and vLLM's processes keep theirs."""
+    worker = by_name(supervisor, "inference1")
+    started = os.getpriority(os.PRIO_PROCESS, 0)  # what every program inherited
+    assert started < SERVICE_NICENESS
+
+    supervisor._place()
+
+    assert thread_niceness(by_name(supervisor, "web")) == {SERVICE_NICENESS}  # all threads
+    assert thread_niceness(worker) == {started}
+    assert thread_niceness(compute_process(worker).pid) == {started}
+    assert thread_niceness(by_name(supervisor, "inference2")) == {started}
+
+
+def test_a_service_an_operator_made_nicer_stays_as_nice(supervisor):
+    web = by_name(supervisor, "web")
+    for tid in os.listdir(f"/proc/{web}/task"):
+        os.setpriority(os.PRIO_PROCESS, int(tid), 15)
+
+    supervisor._place()
+
+    assert thread_niceness(web) == {15}
 
 
 def test_a_worker_whose_engine_is_starting_keeps_every_cpu_for_it(supervisor):
@@ -126,9 +156,10 @@ def test_without_a_compute_worker_nothing_moves(tmp_path):
     supervisor._spawn(program)
     try:
         wait_until(ready.exists, timeout=30, message="the program")
-        placed = supervisor.placement.apply([program_tree(program.process.pid)])
+        placed = supervisor.placement.apply([program_tree(program.process.pid, service=True)])
         assert placed == frozenset()
         assert thread_cpus(program.process.pid) == {ALLOWED}
+        assert thread_niceness(program.process.pid) == {os.getpriority(os.PRIO_PROCESS, 0)}
     finally:
         supervisor.stop_all()
 
@@ -136,7 +167,7 @@ def test_without_a_compute_worker_nothing_moves(tmp_path):
 def test_serve_places_processes_only_on_a_host_without_gpus(settings, monkeypatch):
     from batchgen_site.management.commands import serve
 
-    engine = [Program("inference1", ["true"], group="inference", cpu_engine=True)]
+    engine = [Program("inference1", ["true"], group=INFERENCE_GROUP, cpu_engine=True)]
     monkeypatch.setattr(serve, "visible_gpus", lambda environ: [])
     assert isinstance(serve.cpu_placement(engine), CpuPlacement)
     assert serve.cpu_placement([Program("inference1", ["true"], group="inference")]) is None

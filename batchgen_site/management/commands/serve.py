@@ -19,7 +19,7 @@ from batchgen_site.celery import QueueName, inference_queue
 from batchgen_site.config import SERVER_SETTINGS
 from batchgen_site.cpu_placement import CpuPlacement
 from batchgen_site.gpus import GpuSlicingError, gpu_slices, visible_gpus
-from batchgen_site.supervisor import Program, Supervisor
+from batchgen_site.supervisor import INFERENCE_GROUP, Program, Supervisor
 from inference.engines.registry import engine_spec
 from inference.model_info import ModelListError, served_adapters, served_models
 
@@ -242,7 +242,7 @@ def inference_workers(celery: list[str], *, workers: int, gpus_per_worker: int,
         programs.append(Program(f"inference{number}", [
             *celery, "worker", "-Q", queue, "-n", node,
             "--without-gossip", "--without-mingle", "--loglevel", "INFO",
-        ], env=env, group="inference", cpu_engine=model in cpu_engines))
+        ], env=env, group=INFERENCE_GROUP, cpu_engine=model in cpu_engines))
     return programs
 
 
