@@ -5,7 +5,8 @@ interleaved pairs, its web server, control worker and broker at niceness 10 (wha
 The engine's processes and the inference worker are never touched. Changing a
 program's niceness back to 0 needs root (or CAP_SYS_NICE).
 
-    .venv/bin/python benchmarks/service_priority.py --scale 0.5 --workload a --pairs 5
+    .venv/bin/python benchmarks/service_priority.py --scale 0.5 --workload a --pairs 7
+    (results/service_priority-a.json; service_priority-WORKLOAD.json for the others)
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from _common import (  # noqa: E402
     server_processes,
     write_results,
 )
-from workloads import _create, _wait_all, build_workloads  # noqa: E402
+from workloads import _create_batch, _upload, _wait_all, build_workloads  # noqa: E402
 
 SERVICES = ("web worker", "web master", "control worker", "broker")
 
@@ -64,7 +65,8 @@ def main() -> None:
                 httpx.Client(base_url=server.base_url, timeout=600) as http:
             def run() -> float:
                 started = time.perf_counter()
-                batches = [_create(http, path) for path in workload["batches"]]
+                files = [_upload(http, path) for path in workload["batches"]]
+                batches = [_create_batch(http, file_id) for file_id in files]
                 _wait_all(http, [b["id"] for b in batches], 1800)
                 return time.perf_counter() - started
 
@@ -78,7 +80,7 @@ def main() -> None:
     medians = {mode: statistics.median(values) for mode, values in runs.items()}
     faster = sum(a < b for a, b in zip(runs["niceness 10"], runs["niceness 0"], strict=True))
     print(f"medians {medians}; niceness 10 faster in {faster} of {args.pairs} pairs")
-    write_results("service_priority", {
+    write_results(f"service_priority-{args.workload}", {
         "scale": args.scale, "workload": args.workload, "requests": workload["requests"],
         "pairs": args.pairs, "run_s": runs, "run_s_median": medians,
         "niceness_10_faster_pairs": faster,

@@ -28,7 +28,7 @@ Paths, run in interleaved rounds (round 1: raw, run_batch, BatchGen; round 2 ...
             engine per round, as BatchGen runs on a warm server;
   batchgen  `manage.py serve` (vllm engine), one warm server per round running the
             workloads one after the other;
-            upload, create, poll every 0.25 s, download;
+            upload every file, create every batch, poll every 0.25 s, download;
   batchgen_nogroup  (c only) BatchGen with BATCHGEN_PREFIX_GROUPING=false, its own
             server;
   batchgen_shared   (all but c) BatchGen with BATCHGEN_ENGINE_CPU_ISOLATION=false, its
@@ -434,7 +434,10 @@ def run_batchgen(names: list[str], workloads: dict, kv_bytes: int, model: str, w
             load_before = load_avg()
             cpu_before, busy_before = server_cpu_seconds(server), machine_busy()
             wall0, t0 = time.time(), time.perf_counter()
-            batches = [_create(http, path) for path in workloads[name]["batches"]]
+            # All of e's files first, then its 16 batches back to back: created
+            # together, as a client with many batches ready submits them.
+            files = [_upload(http, path) for path in workloads[name]["batches"]]
+            batches = [_create_batch(http, file_id) for file_id in files]
             done = _wait_all(http, [b["id"] for b in batches], timeout)
             contents = []
             finished = {}
@@ -460,13 +463,17 @@ def run_batchgen(names: list[str], workloads: dict, kv_bytes: int, model: str, w
     return found
 
 
-def _create(http: httpx.Client, path: Path) -> dict:
+def _upload(http: httpx.Client, path: Path) -> str:
     with path.open("rb") as fh:
         file = http.post("/v1/files", data={"purpose": "batch"},
                          files={"file": (path.name, fh, "application/jsonl")})
     file.raise_for_status()
-    batch = http.post("/v1/batches", json={"input_file_id": file.json()["id"],
-                                           "endpoint": CHAT, "completion_window": "24h"})
+    return file.json()["id"]
+
+
+def _create_batch(http: httpx.Client, file_id: str) -> dict:
+    batch = http.post("/v1/batches", json={"input_file_id": file_id, "endpoint": CHAT,
+                                           "completion_window": "24h"})
     batch.raise_for_status()
     return batch.json()
 
