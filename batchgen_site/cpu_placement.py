@@ -30,8 +30,9 @@ whenever the scheduler has nothing to do; but a poll or a tick that holds the CP
 when a step ends delays the next step, and with it every request in the engine. The
 inference workers (their front ends feed the engine and take its results, as
 run_batch's does) and vLLM's own processes keep the niceness they started with.
-Measured on one warm server in 17 interleaved pairs (benchmarks/service_priority.py):
-+2.1 %, -1.4 % and +1.1 % by set of pairs, within the noise on 2 cores.
+Measured on one warm server in 17 interleaved pairs (12 with
+benchmarks/service_priority.py, 5 by hand before it): +2.1 %, -1.4 % and +1.1 % by
+set of pairs, within the noise on 2 cores.
 """
 
 from __future__ import annotations

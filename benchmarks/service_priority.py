@@ -31,21 +31,21 @@ from _common import (  # noqa: E402
 )
 from workloads import _create_batch, _upload, _wait_all, build_workloads  # noqa: E402
 
+from batchgen_site.cpu_placement import threads  # noqa: E402
+
 SERVICES = ("web worker", "web master", "control worker", "broker")
 
 
-def set_niceness(server, niceness: int) -> int:
-    """Every thread of the server's service processes at `niceness`; how many."""
-    changed = 0
+def set_niceness(server, niceness: int) -> None:
+    """Every thread of the server's service processes at `niceness`, up or down
+    (cpu_placement.lower_priority only ever raises it)."""
     roles = server_processes(server)
     for process in (p for role in SERVICES for p in roles[role]):
-        for tid in os.listdir(f"/proc/{process.pid}/task"):
+        for tid in threads(process.pid):
             try:
-                os.setpriority(os.PRIO_PROCESS, int(tid), niceness)
-                changed += 1
+                os.setpriority(os.PRIO_PROCESS, tid, niceness)
             except OSError:  # a thread that just ended
                 continue
-    return changed
 
 
 def main() -> None:
