@@ -7,6 +7,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.utils.html import format_html
 
+from batchgen_site.errors import BatchGenError
 from webhooks import services
 from webhooks.models import EVENT_TYPES, WebhookDelivery, WebhookEndpoint
 
@@ -20,6 +21,16 @@ class EndpointForm(forms.ModelForm):
     class Meta:
         model = WebhookEndpoint
         fields = ["name", "url", "owner", "event_types", "enabled"]
+
+    def clean_url(self) -> str:
+        # The services' check, said on the form rather than as an error page.
+        url = self.cleaned_data["url"]
+        if self.instance.pk is None or url != self.instance.url:
+            try:
+                services.checked_url(url)
+            except BatchGenError as exc:
+                raise forms.ValidationError(exc.message, code=exc.code) from None
+        return url
 
 
 @admin.register(WebhookEndpoint)

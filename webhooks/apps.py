@@ -1,4 +1,19 @@
 from django.apps import AppConfig
+from django.core import checks
+
+
+def check_allowed_hosts(app_configs, **kwargs) -> list[checks.CheckMessage]:
+    """A bad BATCHGEN_WEBHOOK_ALLOWED_HOSTS entry is said once, at start (`serve`
+    runs the checks), naming the setting, not at the first webhook."""
+    from django.conf import settings
+
+    from webhooks.destinations import AllowList
+
+    try:
+        AllowList.parse(settings.BATCHGEN_WEBHOOK_ALLOWED_HOSTS)
+    except ValueError as exc:
+        return [checks.Error(str(exc), id="webhooks.E001")]
+    return []
 
 
 class WebhooksConfig(AppConfig):
@@ -12,3 +27,4 @@ class WebhooksConfig(AppConfig):
         from webhooks.receivers import record_batch_event
 
         batch_finished.connect(record_batch_event, dispatch_uid="webhooks.batch_finished")
+        checks.register(check_allowed_hosts)

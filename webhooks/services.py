@@ -32,7 +32,7 @@ from batchgen_site.errors import BatchGenError, NotFound
 from batchgen_site.ids import new_id
 from batchgen_site.representation import represent
 from batchgen_site.transient import retry_transient
-from webhooks import sender
+from webhooks import destinations, sender
 from webhooks.models import (
     EVENT_OF_STATUS,
     EVENT_TYPES,
@@ -56,11 +56,18 @@ KEEP_OLD_SECRET = timedelta(hours=24)
 # --- endpoints ------------------------------------------------------------------------
 
 
-def _checked_url(url: str) -> str:
+def checked_url(url: str) -> str:
+    """The URL, if webhooks may be sent to it (webhooks.destinations: https to
+    public addresses, or what BATCHGEN_WEBHOOK_ALLOWED_HOSTS allows)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise BatchGenError(f"url must be an absolute http(s) URL; got {url!r}.", param="url",
                             code="invalid_url")
+    try:
+        destinations.check_url(url)
+    except destinations.DestinationRefused as exc:
+        raise BatchGenError(f"Webhooks may not be sent to {url!r}: {exc}.", param="url",
+                            code="webhook_url_not_allowed") from None
     return url
 
 
@@ -79,7 +86,7 @@ def endpoint_create(*, url: str, name: str = "", event_types: Iterable[str] | No
     """Register an endpoint; its `secret` is on the returned object, to be shown
     once. Without an owner it is server-wide (every batch's events)."""
     return WebhookEndpoint.objects.create(
-        id=new_id("we_"), url=_checked_url(url), name=name, owner=owner,
+        id=new_id("we_"), url=checked_url(url), name=name, owner=owner,
         event_types=_checked_event_types(event_types), secret=new_secret())
 
 
@@ -100,8 +107,8 @@ def endpoint_update(*, endpoint_id: str, owner=None, url: str | None = None,
                     enabled: bool | None = None) -> WebhookEndpoint:
     endpoint = endpoint_get(endpoint_id=endpoint_id, owner=owner)
     changes = {}
-    if url is not None:
-        changes["url"] = _checked_url(url)
+    if url is not None and url != endpoint.url:  # an unchanged URL is not looked up again
+        changes["url"] = checked_url(url)
     if name is not None:
         changes["name"] = name
     if event_types is not None:
@@ -278,6 +285,16 @@ def delivery_record(*, attempt: sender.Attempt, outcome: sender.Outcome) -> str 
         updated = mine.update(status=DeliveryStatus.DELIVERED, delivered_at=now,
                               last_status_code=outcome.status_code, last_error="")
         return DeliveryStatus.DELIVERED if updated else None
+    if outcome.not_allowed:
+        # Nothing was sent, and a retry would be refused the same way: failed at
+        # once, the reason in the log (resend it once the URL or the allow-list
+        # changes).
+        moved = mine.update(status=DeliveryStatus.FAILED, last_status_code=None,
+                            last_error=f"{outcome.error} (not retried)"[:2000])
+        if moved:
+            logger.warning("webhook delivery %s attempt %d: %s -> failed", attempt.delivery_id,
+                           attempt.attempt, outcome.error)
+        return DeliveryStatus.FAILED if moved else None
     next_at = now + timedelta(seconds=retry_delay(attempt.attempt))
     gone = outcome.status_code == 410
     if gone:

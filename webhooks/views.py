@@ -120,6 +120,9 @@ class EndpointTestView(APIView):
         event_type = params.validated_data["event_type"]
         outcome = services.endpoint_test(endpoint_id=_endpoint_id(endpoint_id),
                                          owner=request_owner(request), event_type=event_type)
+        if outcome.not_allowed:
+            raise BatchGenError(f"The webhook endpoint's URL is not allowed: {outcome.error}",
+                                param="webhook_endpoint_id", code="webhook_url_not_allowed")
         if outcome.status_code is None:
             raise BatchGenError(f"The webhook receiver did not answer: {outcome.error}",
                                 param="webhook_endpoint_id", code="webhook_unreachable")

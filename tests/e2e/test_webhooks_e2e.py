@@ -36,13 +36,19 @@ def deliveries(server) -> list[tuple]:
 
 def test_webhooks_survive_a_receiver_outage_and_a_restart_of_every_process(start_server):
     # Given: a receiver that is down (its port refuses connections), retries due
-    # within a second or two, and an endpoint registered with the openai SDK
+    # within a second or two, and an endpoint registered with the openai SDK; the
+    # receiver's address allowed as an operator would (webhooks go to public https
+    # URLs only by default: anything else of this host stays refused)
     receiver = Receiver(answers=[503, 503])
     server, api = start_server(
         BATCHGEN_WEBHOOK_RETRY_FIRST_SECONDS="0.3", BATCHGEN_WEBHOOK_RETRY_MAX_SECONDS="1",
         BATCHGEN_WEBHOOK_SWEEP_SECONDS="0.5", BATCHGEN_SIM_LATENCY_MS="50",
-        BATCHGEN_LOG_LEVEL="DEBUG")
+        BATCHGEN_LOG_LEVEL="DEBUG", BATCHGEN_WEBHOOK_ALLOWED_HOSTS="127.0.0.1")
     sdk = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
+    for inside in ("http://127.0.0.2:5432/", "https://169.254.169.254/latest/meta-data/"):
+        refused = api.http.post("/v1/webhook_endpoints", json={"url": inside})
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["code"] == "webhook_url_not_allowed"
     endpoint = sdk.webhooks.create(url=receiver.url, name="e2e",
                                    event_types=["batch.completed", "batch.failed",
                                                 "batch.cancelled"])
