@@ -126,11 +126,6 @@ BATCHGEN_VALIDATION_TIMEOUT_SECONDS = env.int("BATCHGEN_VALIDATION_TIMEOUT_SECON
 # (`validation_failed`) rather than retrying for good: with the default timeout a
 # validation must finish within an hour, ample for a 10 GiB input.
 BATCHGEN_VALIDATION_MAX_RESTARTS = env.int("BATCHGEN_VALIDATION_MAX_RESTARTS", default=5)
-# A running batch waits this long for a model none of whose workers is ready, then
-# fails with model_unavailable (batches/availability.py); 0: until its window ends.
-BATCHGEN_MODEL_UNAVAILABLE_SECONDS = env.float(
-    "BATCHGEN_MODEL_UNAVAILABLE_SECONDS",
-    default=float(setting_default("BATCHGEN_MODEL_UNAVAILABLE_SECONDS")))
 # A worker is alive while its heartbeat is younger than this.
 BATCHGEN_WORKER_TTL_SECONDS = env.int("BATCHGEN_WORKER_TTL_SECONDS", default=30)
 BATCHGEN_HEARTBEAT_SECONDS = env.float("BATCHGEN_HEARTBEAT_SECONDS", default=2.0)
@@ -249,10 +244,6 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 else:
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=60))
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-    # libpq waits for a host that drops packets as long as TCP retries (minutes):
-    # /health and every retry would hang that long in an outage. DATABASE_URL's
-    # `?connect_timeout=` overrides it.
-    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -329,8 +320,7 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(RUN_DIR / "celerybeat-schedule")
 
 # The beat's tasks due within 10 seconds, logged at DEBUG (log_filters.RoutineTicksAtDebug);
 # the slower ones (recovery every 15 s, expiry, purges) stay at INFO.
-ROUTINE_TICK_TASKS = ("batches.dispatch_chunks", "webhooks.sweep_deliveries",
-                      "batches.watch_models")
+ROUTINE_TICK_TASKS = ("batches.dispatch_chunks", "webhooks.sweep_deliveries")
 LOG_LEVEL = env("BATCHGEN_LOG_LEVEL", default="INFO").upper()
 LOGGING = {
     "version": 1,
@@ -340,19 +330,12 @@ LOGGING = {
                     "()": "batchgen_site.log_filters.ClientFaultsAsWarnings"},
                 "routine_ticks_at_debug": {
                     "()": "batchgen_site.log_filters.RoutineTicksAtDebug",
-                    "tasks": ROUTINE_TICK_TASKS, "show": LOG_LEVEL == "DEBUG"},
-                "dependency_outage_once": {
-                    "()": "batchgen_site.log_filters.DependencyOutageOnce"},
-                "broker_outage_once": {
-                    "()": "batchgen_site.log_filters.BrokerOutageOnce",
-                    "show": LOG_LEVEL == "DEBUG"}},
+                    "tasks": ROUTINE_TICK_TASKS, "show": LOG_LEVEL == "DEBUG"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
                              "filters": ["client_faults_as_warnings",
-                                         "routine_ticks_at_debug", "broker_outage_once"]}},
+                                         "routine_ticks_at_debug"]}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.db.backends": {"level": "WARNING"},
-                # A robust on_commit callback that failed: an outage is said once.
-                "django.db.backends.base": {"filters": ["dependency_outage_once"]},
                 # One INFO line per request would flood the log of a worker whose
                 # engine is a remote server (the openai-http engine logs what matters).
                 "httpx": {"level": "WARNING"}},
