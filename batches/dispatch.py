@@ -30,6 +30,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 
 from django.db import transaction
 from django.db.models import Min
@@ -37,7 +38,8 @@ from django.utils import timezone
 
 from batches.locks import lock_control, lock_ids
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, ControlLock
-from batchgen_site.celery import QueueName, app, inference_queue
+from batchgen_site.celery import QueueName, inference_queue
+from batchgen_site.publishing import Message, publish, publisher
 from batchgen_site.transient import retry_transient
 
 MIN_WINDOW = 4
@@ -121,8 +123,8 @@ def dispatch(*, wait: bool = True) -> int:
         Chunk.objects.filter(id__in=still).update(status=ChunkStatus.QUEUED, published_at=None)
         for batch_id in lock_ids(Batch.objects.filter(id__in=advanced)):
             Batch.objects.filter(id=batch_id).update(dispatch_pass=advanced[batch_id])
-        # robust: the dispatch is committed whatever the broker does; chunks whose
-        # publish failed stay unpublished and recovery publishes them.
+        # robust: the dispatch is committed whatever happens after; chunks the broker
+        # does not take now are published as soon as it does (publish_chunks).
         transaction.on_commit(lambda: publish_chunks(refs), robust=True)
     return len(refs)
 
@@ -185,32 +187,32 @@ def batch_shares(batches: list[tuple[str, int, int | None, int | None]]) -> dict
 
 def publish_chunks(refs: list[tuple[str, int, int]]) -> None:
     """Publish one message per chunk to its model's inference queue, by reference
-    and by task name (only tasks.py modules import tasks). Chunks whose publish fails
-    stay unpublished; recovery publishes them again."""
-    published: list[int] = []
+    and by task name (only tasks.py modules import tasks), and mark what the broker
+    took published. What it does not take (an outage) this process publishes again
+    as soon as it does (batchgen_site.publishing), and marks then."""
     models: dict[int, str] = {}
     ids = [ref[1] for ref in refs]
     for start in range(0, len(ids), 1000):
         models.update(Chunk.objects.filter(id__in=ids[start:start + 1000])
                       .values_list("id", "model"))
-    try:
-        with app.producer_or_acquire() as producer:
-            for batch_id, chunk_id, index in refs:
-                queue = inference_queue(chunk_model(models.get(chunk_id, "")))
-                app.send_task("inference.run_chunk", args=(batch_id, chunk_id),
-                              queue=queue, producer=producer,
-                              shadow=f"chunk {batch_id}#{index}")
-                published.append(chunk_id)
-    finally:
-        now = timezone.now()
-        for start in range(0, len(published), 1000):
-            Chunk.objects.filter(id__in=published[start:start + 1000]).update(published_at=now)
+    messages = [Message("inference.run_chunk", (batch_id, chunk_id),
+                        {"queue": inference_queue(chunk_model(models.get(chunk_id, ""))),
+                         "shadow": f"chunk {batch_id}#{index}"},
+                        after=partial(_mark_published, [chunk_id]))
+                for batch_id, chunk_id, index in refs]
+    _mark_published(ids[:publisher.publish_all(messages)])
+
+
+def _mark_published(chunk_ids: list[int]) -> None:
+    now = timezone.now()
+    for start in range(0, len(chunk_ids), 1000):
+        Chunk.objects.filter(id__in=chunk_ids[start:start + 1000]).update(published_at=now)
 
 
 def send_finalize(batch_id: str) -> None:
     """Ask the control worker to finalize a batch whose last chunk closed."""
-    app.send_task("batches.finalize_batch", args=(batch_id,), queue=QueueName.CONTROL.value)
+    publish("batches.finalize_batch", (batch_id,), queue=QueueName.CONTROL.value)
 
 
 def send_validate(batch_id: str) -> None:
-    app.send_task("batches.validate_batch", args=(batch_id,), queue=QueueName.CONTROL.value)
+    publish("batches.validate_batch", (batch_id,), queue=QueueName.CONTROL.value)

@@ -7,7 +7,8 @@ import enum
 import os
 
 from celery import Celery
-from kombu import Exchange, Queue
+from celery.app.amqp import AMQP
+from kombu import Connection, Exchange, Queue
 
 from batchgen_site.config import server_setting
 
@@ -30,8 +31,31 @@ def is_inference_queue(name: str) -> bool:
     return name == QueueName.INFERENCE.value or name.startswith(f"{QueueName.INFERENCE.value}.")
 
 
-app = Celery("batchgen")
+# After a broker outage every worker (and beat) reconnects within this long of its
+# return: Celery's own schedule waits 2, 4, 6... up to 30 s between attempts, so a
+# worker could sleep through the first 10 s of a broker that is back.
+RECONNECT_SECONDS = 1.0
+
+
+class QuickReconnect(Connection):
+    def ensure_connection(self, errback=None, max_retries=None,
+                          interval_start=RECONNECT_SECONDS, interval_step=0,
+                          interval_max=RECONNECT_SECONDS, **kwargs):
+        return super().ensure_connection(errback, max_retries, interval_start, interval_step,
+                                         interval_max, **kwargs)
+
+
+class BatchGenAMQP(AMQP):
+    Connection = QuickReconnect
+
+
+app = Celery("batchgen", amqp=BatchGenAMQP)
 app.config_from_object("django.conf:settings", namespace="CELERY")
+# RabbitMQ confirms each publish (batchgen_site.publishing): a message written into
+# a connection the broker already dropped raises instead of vanishing. Redis's
+# transport ignores the option (its LPUSH is answered anyway).
+app.conf.broker_transport_options = {**app.conf.broker_transport_options,
+                                     "confirm_publish": True}
 app.conf.task_queues = [
     Queue(name.value, Exchange(name.value, type="direct"), routing_key=name.value)
     for name in QueueName

@@ -64,3 +64,85 @@ class RoutineTicksAtDebug(logging.Filter):
         # `show` comes from BATCHGEN_LOG_LEVEL (settings): no logger's level tells it
         # in a worker, where Celery sets its loggers' and the root's to --loglevel.
         return self.show
+
+
+def _is_broker_fault(record: logging.LogRecord) -> bool:
+    """Whether a Celery line says the broker cannot be reached (lost, refused, a
+    publish or an ack that failed with the connection), not that something broke."""
+    message = record.getMessage()
+    if record.name == "batchgen.broker":  # batchgen_site.publishing holding messages
+        return True
+    if record.name == "celery.worker.consumer.consumer":
+        return message.startswith(("consumer: Cannot connect to",
+                                   "consumer: Connection to broker lost"))
+    if record.name == "celery.beat":
+        return message.startswith(("beat: Connection error", "Message Error")) and (
+            record.exc_info is None or _connection_error(record.exc_info[1]))
+    return False
+
+
+def _is_broker_aftermath(record: logging.LogRecord) -> bool:
+    """Celery lines that follow a lost connection and need no one's attention.
+    Acking a finished task on the connection the broker dropped fails: RabbitMQ
+    delivers the message again, and the task's claim (a conditional update) makes
+    the copy a no-op. And each lost connection warns that Celery 6 will cancel the
+    late-acked tasks then: BatchGen keeps them running, for the same reason."""
+    if record.name == "py.warnings":
+        return "worker_cancel_long_running_tasks_on_connection_loss" in record.getMessage()
+    return str(record.msg).startswith("Couldn't ack") and _connection_error(
+        record.exc_info[1] if record.exc_info else None)
+
+
+def _connection_error(exc: BaseException | None) -> bool:
+    from amqp.exceptions import RecoverableConnectionError
+    from kombu.exceptions import OperationalError
+
+    while exc is not None:
+        if isinstance(exc, OperationalError | RecoverableConnectionError | OSError | EOFError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+class BrokerOutageOnce(logging.Filter):
+    """A broker outage is one WARNING per process, not an ERROR a second: Celery
+    logs each reconnection attempt of a worker and each tick beat could not send at
+    ERROR (with a traceback), and RabbitMQ's return as "Connected to" at INFO;
+    batchgen_site.publishing says when it starts holding messages and when the
+    broker took them. The
+    first broker fault of an outage is kept as a WARNING without its traceback; the
+    rest are DEBUG until Celery says it is connected again; what follows from the lost
+    connection and needs no one is INFO or dropped. Nothing is lost meanwhile:
+    beat's ticks run again, unacked messages are delivered again, and what BatchGen
+    publishes is held until the broker takes it (batchgen_site.publishing)."""
+
+    def __init__(self, show: bool = False) -> None:
+        super().__init__()
+        self.show = show
+        self.down = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if ((record.name == "celery.worker.consumer.connection"
+             and str(record.msg).startswith("Connected to"))
+                or (record.name == "batchgen.broker" and record.levelno == logging.INFO)):
+            self.down = False  # the broker answers again
+            return True
+        if record.levelno < logging.WARNING:
+            return True
+        if _is_broker_aftermath(record):
+            record.exc_info, record.exc_text, record.stack_info = None, None, None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            return record.name != "py.warnings"
+        if not _is_broker_fault(record):
+            return True
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        if not self.down:
+            self.down = True
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            if record.name == "celery.beat":  # its format carries a stack dump
+                record.msg, record.args = "beat: cannot send to the broker: %s", (
+                    record.args[0] if record.args else "",)
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return self.show
+

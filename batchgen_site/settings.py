@@ -330,10 +330,13 @@ LOGGING = {
                     "()": "batchgen_site.log_filters.ClientFaultsAsWarnings"},
                 "routine_ticks_at_debug": {
                     "()": "batchgen_site.log_filters.RoutineTicksAtDebug",
-                    "tasks": ROUTINE_TICK_TASKS, "show": LOG_LEVEL == "DEBUG"}},
+                    "tasks": ROUTINE_TICK_TASKS, "show": LOG_LEVEL == "DEBUG"},
+                "broker_outage_once": {
+                    "()": "batchgen_site.log_filters.BrokerOutageOnce",
+                    "show": LOG_LEVEL == "DEBUG"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
                              "filters": ["client_faults_as_warnings",
-                                         "routine_ticks_at_debug"]}},
+                                         "routine_ticks_at_debug", "broker_outage_once"]}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.db.backends": {"level": "WARNING"},
                 # One INFO line per request would flood the log of a worker whose

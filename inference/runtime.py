@@ -40,8 +40,8 @@ from batches.chunks import ChunkWork, reconcile_counts
 from batches.endpoints import endpoint_spec
 from batches.usage import Usage
 from batches.validation import read_chunk
-from batchgen_site.celery import app
 from batchgen_site.errors import is_storage_full
+from batchgen_site.publishing import publish
 from files.incremental import append_lines, scan_results
 from inference.database import WorkerDatabase
 from inference.engines import (
@@ -142,7 +142,7 @@ class InferenceRuntime:
     def start(self) -> None:
         threading.Thread(target=self.loop.run_forever, name="engine-loop", daemon=True).start()
         if self.database.reap_host(hostname=self.hostname, pid_alive=psutil.pid_exists):
-            app.send_task("batches.recover_chunks")
+            publish("batches.recover_chunks")
         self._heartbeat_once()
         threading.Thread(target=self._flush_forever, name="flusher", daemon=True).start()
         started = asyncio.run_coroutine_threadsafe(self.engine.start(), self.loop)

@@ -27,9 +27,10 @@ from django.utils import timezone
 
 from batches.models import Batch
 from batches.serializers import BatchOutputSerializer
-from batchgen_site.celery import QueueName, app
+from batchgen_site.celery import QueueName
 from batchgen_site.errors import BatchGenError, NotFound
 from batchgen_site.ids import new_id
+from batchgen_site.publishing import publish
 from batchgen_site.representation import represent
 from batchgen_site.transient import retry_transient
 from webhooks import destinations, sender
@@ -206,8 +207,7 @@ def webhook_event_record(*, batch_id: str, status: str) -> list[str]:
 
 
 def send_deliveries_later(delivery_ids: list[str]) -> None:
-    app.send_task("webhooks.send_deliveries", args=(delivery_ids,),
-                  queue=QueueName.CONTROL.value)
+    publish("webhooks.send_deliveries", (delivery_ids,), queue=QueueName.CONTROL.value)
 
 
 @retry_transient
