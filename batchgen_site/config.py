@@ -60,7 +60,8 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
             "vLLM tool call parser name (e.g. hermes) that fills tool_calls"),
     Setting("--engine-args", "BATCHGEN_ENGINE_ARGS", "{}",
             "JSON passed to vLLM's engine arguments (tensor_parallel_size, "
-            "gpu_memory_utilization, max_num_seqs, dtype, quantization, ...)"),
+            "gpu_memory_utilization, max_num_seqs, dtype, quantization, ...); the "
+            "simulated engine reads only fail_start ('config' or 'transient')"),
     # Tokens (prompt + output, estimated) a worker admits into its engine at once.
     Setting("--token-budget", "BATCHGEN_TOKEN_BUDGET", "0",
             "tokens a worker admits into its engine at once (0 = none for a vLLM "
@@ -97,7 +98,8 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
             "group requests sharing a prompt prefix into the same chunks ('false' to turn off)"),
     Setting("--flower-port", "BATCHGEN_FLOWER_PORT", "5555", "Flower's port (0 = no Flower)"),
     # A client that stalls or trickles must not hold a web thread (issue 13): these
-    # bound every read of a request, head and body (batchgen_site/gunicorn_worker.py).
+    # bound every read of a request, head and body, in the web worker's event loop
+    # (batchgen_site/gunicorn_worker.py).
     # 30 s and 1 KiB/s are far below any working connection, and the attacker of an
     # open port then needs a connection sending 1 KiB/s to hold a thread.
     Setting("--client-timeout", "BATCHGEN_CLIENT_TIMEOUT_SECONDS", "30",
@@ -106,12 +108,6 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
     Setting("--client-min-rate", "BATCHGEN_CLIENT_MIN_BYTES_PER_SECOND", "1024",
             "average bytes a second a request must arrive at, after its first "
             "client-timeout seconds (0 = no minimum)"),
-    # Threads added to each web process for requests with a body, and the most such
-    # requests it reads at once; beyond, 503 at once, so uploads never take the
-    # threads that serve polls.
-    Setting("--web-upload-threads", "BATCHGEN_WEB_UPLOAD_THREADS", "4",
-            "requests with a body (uploads, batch creates) each web process reads at "
-            "once, in threads of their own; more get 503 with Retry-After"),
     # OpenAI's bounds for `expires_after` (files) and `output_expires_after` (batches):
     # an hour to 30 days. A site may narrow them (less disk) or widen them.
     Setting("--min-file-expiry-seconds", "BATCHGEN_MIN_FILE_EXPIRY_SECONDS", "3600",
@@ -136,6 +132,13 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
             "comma-separated host names (*.example.com for subdomains), addresses and "
             "networks (10.0.0.0/8) webhooks may go to although not public, over http "
             "too (e.g. localhost,127.0.0.1 for a receiver on this machine)"),
+    # Long enough for a worker host to restart and load its engine (about a minute
+    # for vLLM here, several for a large model on GPUs); short enough that a batch
+    # whose model cannot run fails within the quarter hour, not after its 24 h window.
+    Setting("--model-unavailable-timeout", "BATCHGEN_MODEL_UNAVAILABLE_SECONDS", "900",
+            "seconds a running batch waits for a model none of whose inference workers "
+            "has its engine ready before it fails with model_unavailable (0: until its "
+            "completion window ends)"),
     Setting("--inference-workers", "BATCHGEN_INFERENCE_WORKERS", "1",
             "inference workers started here, one engine each (0: none, they run on GPU hosts)"),
     Setting("--gpus-per-worker", "BATCHGEN_GPUS_PER_WORKER", "0",

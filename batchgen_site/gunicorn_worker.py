@@ -1,21 +1,27 @@
 """BatchGen's gunicorn worker: gunicorn's threaded worker (gthread), hardened for an
 open port. Set by batchgen_site/gunicorn_conf.py.
 
-A thread of gthread reads a request with blocking socket calls, head and body, with
-no time limit: a client that sends the head of an upload and then nothing held a
-thread for good, and a handful of them left no thread for `/health` or the polls
-(issue 13; figures in docs/benchmarks.md, "slow_clients.py"). What keeps slow and
-stalled clients from doing that here:
+A thread of gthread reads a request with blocking socket calls, head and body: a
+client that sends the head of an upload and then nothing held a thread, and a
+handful of them left no thread for `/health` or the polls (issue 13). A cap on the
+threads reading bodies kept the polls free, but refused honest concurrent uploads
+and batch creates with 503 (issue 26). Here a thread is taken only for a complete
+request (figures in docs/benchmarks.md, "slow_clients.py"):
 
-- A deadline for every read from a client while a thread serves it: nothing for
-  BATCHGEN_CLIENT_TIMEOUT_SECONDS, or under BATCHGEN_CLIENT_MIN_BYTES_PER_SECOND on
-  average after that long, and the client is given up (`ClientSocket`): its request
-  ends, its connection is closed, one warning is logged.
-- Requests that carry a body (uploads, batch creates) are read by at most
-  BATCHGEN_WEB_UPLOAD_THREADS threads of a process, added for them; one more is
-  answered 503 at once, so uploads never take the threads polls are served by.
-- A new connection waits for its first bytes in the worker's poller, not in a thread,
-  and closing a connection does not wait for the client in the worker's main loop.
+- The worker's event loop reads every request, head and body, as its bytes arrive,
+  without blocking, into a spool (batchgen_site/request_spool.py: memory up to
+  64 KiB, beyond an unnamed file on the storage volume), and hands it to a thread
+  once it is whole. A slow, stalled or trickling client costs a few bytes of state,
+  never a thread, however many there are.
+- While it is read, a request must arrive with no pause longer than
+  BATCHGEN_CLIENT_TIMEOUT_SECONDS and, after that long, at
+  BATCHGEN_CLIENT_MIN_BYTES_PER_SECOND on average; past that it is answered
+  408 `request_timeout` and its connection closed, with one warning.
+- What the loop does not read whole (a body over the limit of its path, which the
+  application refuses by its length; a framing gunicorn refuses) goes to a thread
+  as it is, whose reads from the client then have the same deadline (`ClientSocket`).
+- A new connection waits for its first bytes in the worker's poller, and closing a
+  connection does not wait for the client in the worker's main loop.
 
 And gunicorn's own refusals (414 URI too long, 431 headers too large, 400 bad request
 line...) are the OpenAI error envelope, like every other error of the API, not
@@ -24,23 +30,29 @@ gunicorn's HTML page.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
 import select
 import selectors
 import socket
-import threading
 import time
-from concurrent import futures
 from functools import partial
+from pathlib import Path
 
 from gunicorn import util
-from gunicorn.workers.gthread import ThreadWorker
+from gunicorn.workers.gthread import _DEFER, ThreadWorker
 
 from batchgen_site.config import server_setting
+from batchgen_site.request_spool import RequestSpool
 
 logger = logging.getLogger("batchgen.web")
+
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# The most the loop reads from one connection at a time: a large upload is read
+# in steps this big between the other connections' events.
+READ_BYTES = 256 * 1024
 
 
 class ClientTooSlow(ConnectionResetError):
@@ -54,12 +66,15 @@ class ClientTooSlow(ConnectionResetError):
 
 
 class ClientSocket(socket.socket):
-    """A client connection whose reads give up on a client that stalls or trickles.
+    """A client connection: its current request's spool, which a thread's reads are
+    served from first, and reads from the client itself that give up on a client
+    that stalls or trickles.
 
     Each time a worker thread takes the connection (gthread sets it blocking then)
-    the clock starts again: the request must then arrive with no pause longer than
-    `timeout` seconds and, after the first `timeout` seconds, at `min_rate` bytes a
-    second on average. A read past either limit raises ClientTooSlow.
+    the clock starts again: the rest of the request must then arrive with no pause
+    longer than `timeout` seconds and, after the first `timeout` seconds, at
+    `min_rate` bytes a second on average. A read past either limit raises
+    ClientTooSlow.
     """
 
     timeout_seconds: float = 30.0
@@ -71,6 +86,9 @@ class ClientSocket(socket.socket):
         adopted = cls(sock.family, sock.type, sock.proto, fileno=sock.detach())
         adopted.settimeout(timeout)
         adopted._restart_clock()
+        adopted.spool = None  # the request being read, or served
+        adopted.carried = b""  # bytes of the next request that came with the last one
+        adopted.continue_sent = False
         return adopted
 
     def _restart_clock(self) -> None:
@@ -85,6 +103,9 @@ class ClientSocket(socket.socket):
             self._restart_clock()
 
     def shutdown(self, how: int) -> None:
+        if getattr(self, "spool", None) is not None:  # what is left is not to be drained
+            self.spool.close()
+            self.spool = None
         # gunicorn closes a connection by shutting down its sending side, then reads
         # until the client closes too, for up to 2 s, in the worker's main loop (the
         # one that accepts and dispatches every request). It reads only what has
@@ -100,6 +121,8 @@ class ClientSocket(socket.socket):
         return limit
 
     def recv(self, size: int, flags: int = 0) -> bytes:
+        if self.spool is not None and self.spool.unread():
+            return self.spool.read(size)
         timeout = self.gettimeout()
         if self.gave_up:
             raise ClientTooSlow()
@@ -117,6 +140,28 @@ class ClientSocket(socket.socket):
         self._received += len(data)
         return data
 
+    def recv_available(self, size: int) -> bytes | None:
+        """What has arrived, up to `size` bytes, without waiting (the event loop's
+        read): None if nothing has, b"" once the client has closed."""
+        try:
+            return super().recv(size)
+        except (BlockingIOError, InterruptedError):
+            return None
+
+    def send(self, data, flags: int = 0) -> int:
+        # The loop answered the request's `Expect: 100-continue` to get its body;
+        # gunicorn answers it again when it parses the head in the thread.
+        if self.continue_sent and bytes(data) == CONTINUE:
+            self.continue_sent = False
+            return len(data)
+        return super().send(data, flags)
+
+    def close(self) -> None:
+        if getattr(self, "spool", None) is not None:
+            self.spool.close()
+            self.spool = None
+        super().close()
+
     def _readable_within(self, seconds: float) -> bool:
         poller = select.poll()  # not select.select: descriptors may be past 1024
         poller.register(self, select.POLLIN)
@@ -124,31 +169,26 @@ class ClientSocket(socket.socket):
 
     def _give_up(self) -> None:
         self.gave_up = True
-        elapsed = time.monotonic() - self._started
-        try:
-            peer = self.getpeername()[0]
-        except OSError:
-            peer = "?"
-        logger.warning("closing a connection from %s: %d bytes in %.0f s, under the limits "
-                       "for a client (nothing for %.0f s, or under %.0f bytes/s; "
-                       "BATCHGEN_CLIENT_TIMEOUT_SECONDS, BATCHGEN_CLIENT_MIN_BYTES_PER_SECOND)",
-                       peer, self._received, elapsed, self.timeout_seconds, self.min_rate)
+        log_given_up(self, self._received, time.monotonic() - self._started)
 
 
-def has_body(req) -> bool:
-    for name, value in req.headers:
-        if name == "TRANSFER-ENCODING":
-            return True
-        if name == "CONTENT-LENGTH" and value.strip() not in ("", "0"):
-            return True
-    return False
+def log_given_up(sock: socket.socket, received: int, elapsed: float) -> None:
+    try:
+        peer = sock.getpeername()[0]
+    except OSError:
+        peer = "?"
+    logger.warning("closing a connection from %s: %d bytes in %.0f s, under the limits "
+                   "for a client (nothing for %.0f s, or under %.0f bytes/s; "
+                   "BATCHGEN_CLIENT_TIMEOUT_SECONDS, BATCHGEN_CLIENT_MIN_BYTES_PER_SECOND)",
+                   peer, received, elapsed, ClientSocket.timeout_seconds, ClientSocket.min_rate)
 
 
 # --- the error envelope for what gunicorn answers itself --------------------------------
 
-_CODES = {400: "bad_request", 403: "forbidden", 414: "uri_too_long", 417: "expectation_failed",
-          431: "headers_too_large", 500: "internal_error", 501: "not_implemented",
-          503: "server_busy"}
+_CODES = {400: "bad_request", 403: "forbidden", 408: "request_timeout",
+          414: "uri_too_long", 417: "expectation_failed", 431: "headers_too_large",
+          500: "internal_error", 501: "not_implemented", 503: "server_busy",
+          507: "storage_full"}
 
 
 def envelope_response(status: int, reason: str, message: str, *,
@@ -156,7 +196,7 @@ def envelope_response(status: int, reason: str, message: str, *,
     """A complete HTTP/1.1 answer carrying the OpenAI error envelope (the shape of
     batchgen_site.errors.envelope; this module runs before Django is set up)."""
     # 501 is gunicorn's answer to a transfer coding it does not know: the request's fault.
-    error_type = "server_error" if status in (500, 503) else "invalid_request_error"
+    error_type = "server_error" if status in (500, 503, 507) else "invalid_request_error"
     body = json.dumps({"error": {"message": message or reason, "type": error_type,
                                  "param": None, "code": _CODES.get(status)}}).encode()
     head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\n"
@@ -175,18 +215,38 @@ def write_envelope_error(sock, status_int: int, reason: str, mesg: str) -> None:
 util.write_error = write_envelope_error
 
 
+def body_limit(path: bytes) -> int:
+    """The most body the loop reads for a request to `path`: an upload's limit for
+    POST /v1/files, the JSON limit for the rest. A request announcing more goes to a
+    thread at once, where the application refuses it by its length (413) unread."""
+    from django.conf import settings
+
+    from files.views import MULTIPART_ENVELOPE_BYTES
+
+    if path.rstrip(b"/") == b"/v1/files":
+        return settings.BATCHGEN_MAX_UPLOAD_BYTES + MULTIPART_ENVELOPE_BYTES
+    return settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+
+
+def spool_directory() -> Path:
+    # The uploads' own volume: a spooled upload becomes an upload there, and a full
+    # volume is the same 507 either way.
+    from django.conf import settings
+
+    return settings.UPLOADS_DIR
+
+
 class BatchGenWorker(ThreadWorker):
     def init_process(self):
         ClientSocket.timeout_seconds = float(server_setting("BATCHGEN_CLIENT_TIMEOUT_SECONDS"))
         ClientSocket.min_rate = float(server_setting("BATCHGEN_CLIENT_MIN_BYTES_PER_SECOND"))
-        self.upload_threads = int(server_setting("BATCHGEN_WEB_UPLOAD_THREADS"))
-        self.body_slots = threading.BoundedSemaphore(self.upload_threads)
+        # Connections whose request the loop is reading (a dict: an ordered set).
+        self.reading: dict = {}
         super().init_process()
 
-    def get_thread_pool(self):
-        return futures.ThreadPoolExecutor(max_workers=self.cfg.threads + self.upload_threads)
-
     def enqueue_req(self, conn):
+        """gthread's way in for a connection with something to read (new, kept alive,
+        or with a request already read ahead): a thread only for a whole request."""
         if not isinstance(conn.sock, ClientSocket):
             conn.sock = ClientSocket.adopt(conn.sock)
         if not conn.initialized and not conn.data_ready:
@@ -195,7 +255,19 @@ class BatchGenWorker(ThreadWorker):
             # send nothing cost no thread.
             self._wait_in_poller(conn)
             return
-        super().enqueue_req(conn)
+        sock = conn.sock
+        if sock.spool is None:
+            carried = sock.carried
+            if conn.parser is not None:
+                carried = conn.parser.unreader.take_buffered() + carried
+            sock.carried = b""
+            sock.spool = RequestSpool(body_limit=body_limit, directory=spool_directory)
+            if carried:
+                sock.spool.receive(carried)
+        if sock.spool.ready:
+            self._serve(conn)
+        else:
+            self._read_in_loop(conn)
 
     def _wait_in_poller(self, conn) -> None:
         # As gthread does with a connection it defers (finish_request): closed by
@@ -206,27 +278,122 @@ class BatchGenWorker(ThreadWorker):
         self.poller.register(conn.sock, selectors.EVENT_READ,
                              partial(self.on_pending_socket_readable, conn))
 
-    def handle_request(self, req, conn):
-        if not has_body(req):
-            return super().handle_request(req, conn)
-        if not self.body_slots.acquire(blocking=False):
-            self._refuse_busy(req, conn)
-            return False
-        try:
-            keepalive = super().handle_request(req, conn)
-        finally:
-            self.body_slots.release()
-        # A client given up on mid-body leaves the stream at an unknown place.
-        return keepalive and not conn.sock.gave_up
+    def _read_in_loop(self, conn) -> None:
+        conn.sock.setblocking(False)
+        self.reading[conn] = None
+        self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._on_readable, conn))
 
-    def _refuse_busy(self, req, conn) -> None:
-        self.log.warning("503 for %s %s: all %d upload threads are reading request bodies",
-                         req.method, req.path, self.upload_threads)
-        message = ("The server is reading as many request bodies as it allows at once "
-                   "(BATCHGEN_WEB_UPLOAD_THREADS per web process); retry shortly.")
+    def _stop_reading(self, conn) -> None:
+        self.reading.pop(conn, None)
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self.poller.unregister(conn.sock)
+
+    def _on_readable(self, conn, _sock) -> None:
+        # Runs in the loop that accepts and dispatches every connection: nothing here
+        # may wait, and nothing may escape (it would end the worker process).
         try:
-            util.write(conn.sock, envelope_response(503, "Service Unavailable", message,
-                                                    extra_headers="Retry-After: 1\r\n"))
-        except OSError as exc:
-            if exc.errno not in (errno.EPIPE, errno.ECONNRESET):
-                raise
+            sock = conn.sock
+            try:
+                data = sock.recv_available(READ_BYTES)
+            except OSError:
+                data = b""  # reset
+            if data is None:
+                return
+            if not data:  # the client is gone before its request was whole
+                self._stop_reading(conn)
+                self._close(conn)
+                return
+            spool = sock.spool
+            spool.receive(data)
+            if spool.ready:
+                self._stop_reading(conn)
+                self._serve(conn)
+            elif spool.framing.expect_continue:
+                # The client waits for this before it sends the body.
+                spool.framing.expect_continue = False
+                send_now(sock, CONTINUE)
+                sock.continue_sent = True
+        except Exception:
+            self.log.exception("Error reading a request")
+            self._stop_reading(conn)
+            self._close(conn)
+
+    def _serve(self, conn) -> None:
+        spool = conn.sock.spool
+        if spool.discarding is not None:
+            if spool.storage_full:
+                self.log.warning("507 for a request of %d bytes: the storage volume is "
+                                 "full (%s)", spool.received, spool.discarding)
+                self._answer(conn, 507, "Insufficient Storage",
+                             "The server's storage volume is full; nothing was stored. "
+                             "Retry later.")
+            else:
+                self.log.error("could not spool a request body: %s", spool.discarding)
+                self._answer(conn, 500, "Internal Server Error",
+                             "The server could not store the request body.")
+            return
+        if spool.framing.refusal is not None:
+            self._answer(conn, *spool.framing.refusal)
+            return
+        conn.data_ready = True  # its bytes are in the spool, not on the socket
+        super().enqueue_req(conn)
+
+    def murder_pending(self):
+        """Also, every turn of the loop (at least each second): close the connections
+        whose request arrives too slowly, with a 408."""
+        super().murder_pending()
+        now = time.monotonic()
+        expired = [conn for conn in self.reading
+                   if conn.sock.spool.expired(now, timeout=ClientSocket.timeout_seconds,
+                                              min_rate=ClientSocket.min_rate)]
+        for conn in expired:
+            self._stop_reading(conn)
+            spool = conn.sock.spool
+            log_given_up(conn.sock, spool.received, now - spool.first_byte_at)
+            self._answer(conn, 408, "Request Timeout", (
+                "The request did not arrive in time: nothing for "
+                f"{ClientSocket.timeout_seconds:.0f} s, or under "
+                f"{ClientSocket.min_rate:.0f} bytes a second "
+                "(BATCHGEN_CLIENT_TIMEOUT_SECONDS, BATCHGEN_CLIENT_MIN_BYTES_PER_SECOND)."))
+
+    def _answer(self, conn, status: int, reason: str, message: str) -> None:
+        """Answer from the loop and close: the request goes to no thread."""
+        send_now(conn.sock, envelope_response(status, reason, message))
+        self._close(conn, graceful=True)
+
+    def _close(self, conn, *, graceful: bool = False) -> None:
+        self.nr_conns -= 1
+        try:
+            conn.close(graceful=graceful)
+        except OSError:
+            pass
+
+    def finish_request(self, conn, fs):
+        sock = conn.sock
+        if isinstance(sock, ClientSocket) and sock.spool is not None:
+            sock.carried = sock.spool.leftover()
+            sock.spool.close()
+            sock.spool = None
+            sock.continue_sent = False
+            if sock.carried and not fs.cancelled() and fs.exception() is None \
+                    and fs.result() not in (False, None, _DEFER):
+                # A pipelined request came with this one: it will not make the
+                # socket readable again.
+                self.enqueue_req(conn)
+                return
+        super().finish_request(conn, fs)
+
+    def handle_request(self, req, conn):
+        keepalive = super().handle_request(req, conn)
+        spool = conn.sock.spool
+        # A request served before it was whole (one over its limit, refused unread)
+        # or a client given up on mid-body leaves the stream at an unknown place.
+        return (keepalive and not conn.sock.gave_up
+                and spool is not None and spool.framing.complete)
+
+
+def send_now(sock: socket.socket, data: bytes) -> None:
+    """Send what fits without waiting (a short answer to a client that is not
+    reading is dropped, not waited for)."""
+    with contextlib.suppress(OSError):
+        socket.socket.send(sock, data, socket.MSG_DONTWAIT)

@@ -20,6 +20,7 @@ Flat means peak - start under ~30 MB.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import sys
@@ -35,11 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     MiB,
     RssSampler,
+    Server,
     mark_start,
     mib,
     print_table,
     running_server,
     scratch_dir,
+    server_env,
     server_processes,
     wait_for_quiet,
     write_results,
@@ -116,6 +119,19 @@ def upload(http: httpx.Client, total: int, block: bytes) -> tuple[dict, float]:
     return response.json(), seconds
 
 
+@contextlib.contextmanager
+def serve(storage: Path, checkout: Path | None) -> Iterator[Server]:
+    if checkout is None:
+        with running_server(storage, engine="simulated") as server:
+            yield server
+        return
+    server = Server(storage=storage, env=server_env(storage=storage), root=checkout)
+    try:
+        yield server.start(ready_timeout=180)
+    finally:
+        server.stop()
+
+
 def web_worker_only(server):
     return {"web worker": server_processes(server)["web worker"]}
 
@@ -127,6 +143,8 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.05, help="RSS sampling period, s")
     parser.add_argument("--name", default="upload_memory",
                         help="results file name (benchmarks/results/NAME.json)")
+    parser.add_argument("--checkout", type=Path,
+                        help="run another checkout's server (e.g. the code before a change)")
     args = parser.parse_args()
     mark_start()
     total = (128 if args.quick else args.mib) * MiB
@@ -136,7 +154,7 @@ def main() -> None:
         noise = wait_for_quiet()
         print(f"baseline: sha256 + write + fsync of {mib(total)} MiB to {work} ...", flush=True)
         base = baseline(work / "baseline.bin", total, block)
-        with running_server(work / "storage", engine="simulated") as server, \
+        with serve(work / "storage", args.checkout) as server, \
                 httpx.Client(base_url=server.base_url, timeout=900) as http:
             upload(http, MiB, block)  # warm-up: the first upload's imports and buffers
             time.sleep(0.5)
