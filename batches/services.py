@@ -75,7 +75,7 @@ def batch_transition(*, batch_id: str, to: str, **fields: Any) -> bool:
         if moved and to in TERMINAL_STATUSES:
             batch_finished.send(sender=Batch, batch_id=batch_id, status=to)
     if moved and "error" not in fields:
-        batch_storage_resumed(batch_id=batch_id)  # a wait's error ends with the wait
+        batch_wait_ended(batch_id=batch_id)  # a wait's error ends with the wait
     if moved:
         logger.info("batch transition batch_id=%s status=%s%s", batch_id, to,
                     f" error={fields['error']['code']}" if fields.get("error") else "")
@@ -157,8 +157,8 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
             owner=owner,
             output_expires_after_seconds=output_expires_after_seconds,
         )
-        # robust: a broker that is down must not turn a committed batch into a 500;
-        # recovery validates batches whose validation never started.
+        # A broker that is down must not turn a committed batch into a 500: the
+        # validation is published as soon as it answers (batchgen_site.publishing).
         transaction.on_commit(lambda: send_validate(batch.id), robust=True)
     logger.info("batch created batch_id=%s input_file_id=%s endpoint=%s", batch.id,
                 input_file_id, endpoint)
@@ -407,3 +407,12 @@ def batch_storage_full(*, batch_id: str) -> None:
 
 def batch_storage_resumed(*, batch_id: str) -> None:
     Batch.objects.filter(id=batch_id, error__code=STORAGE_FULL).update(error=None)
+
+
+# The errors a running batch shows while it waits, which end with the wait: the
+# storage volume full, its model with no ready worker (batches/availability.py).
+WAIT_CODES = (STORAGE_FULL, "model_unavailable")
+
+
+def batch_wait_ended(*, batch_id: str) -> None:
+    Batch.objects.filter(id=batch_id, error__code__in=WAIT_CODES).update(error=None)

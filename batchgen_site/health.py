@@ -1,6 +1,6 @@
-"""GET /health: healthy only when the database and the broker answer, at least one
-inference worker is alive with its engine ready, and no worker is held up by a full
-storage volume."""
+"""GET /health: healthy only when the database and the broker answer, every served
+model has an inference worker alive with its engine ready, and no worker is held up
+by a full storage volume."""
 
 from __future__ import annotations
 
@@ -15,26 +15,38 @@ from rest_framework.views import APIView
 logger = logging.getLogger(__name__)
 
 
+def _first_line(error: Exception) -> str:
+    # libpq's messages run on with hints on further lines; the first says what failed.
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
 def health_problem() -> str | None:
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
     except Exception as exc:
-        return f"database unreachable: {exc}"
+        return f"database unreachable: {_first_line(exc)}"
     try:
         from batchgen_site.celery import app
 
         with app.connection_for_write() as conn:
             conn.ensure_connection(max_retries=1, timeout=2)
     except Exception as exc:
-        return f"broker unreachable: {exc}"
-    from inference.selectors import live_workers
+        return f"broker unreachable: {_first_line(exc)}"
+    from inference.selectors import live_workers, models_without_ready_worker
 
     workers = list(live_workers().values_list("ready", "storage_error"))
+    # Each served model, not just one, and named: a model whose engine cannot start
+    # leaves its batches waiting while another model's workers look fine.
+    unserved = ", ".join(models_without_ready_worker())
     if not workers:
-        return "no inference worker is alive"
+        return f"no inference worker is alive: nothing runs the requests of model {unserved}"
     if not any(ready for ready, _ in workers):
-        return f"{len(workers)} inference worker(s) alive, none with its engine ready yet"
+        return (f"{len(workers)} inference worker(s) alive, none with its engine ready yet "
+                f"(model {unserved})")
+    if unserved:
+        return (f"no inference worker of model {unserved} is alive with its engine ready: "
+                "its requests wait")
     full = [error for _, error in workers if error]
     if full:
         return f"storage full: {len(full)} inference worker(s) cannot write results ({full[0]})"

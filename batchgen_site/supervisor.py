@@ -1,6 +1,10 @@
 """A small process supervisor for `manage.py serve`: starts BatchGen's processes,
 restarts any that dies (with exponential backoff, logged), and stops them all on
 Ctrl-C or SIGTERM, as systemd or a container restart policy would in production.
+A program that exits with EX_CONFIG (78: its configuration can never work, e.g. an
+engine that cannot start with its settings) is not restarted, as systemd's
+RestartPreventExitStatus=78 would have it: one line says why, from the termination
+log the program wrote (as Kubernetes reads a container's terminationMessagePath).
 With a CPU engine it also keeps them off the CPUs vLLM computes on
 (batchgen_site/cpu_placement.py)."""
 
@@ -14,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from batchgen_site.cpu_placement import CpuPlacement, program_tree
 
@@ -26,6 +31,11 @@ STOP_TIMEOUT = 30.0
 # How often the CPU placement looks for processes and threads it has not placed yet
 # (a restarted program; an engine that came up): a scan of /proc, a few ms.
 PLACEMENT_INTERVAL = 5.0
+# sysexits' "configuration error": restarting with the same settings fails the same way.
+EX_CONFIG = os.EX_CONFIG
+# The variable naming the file a program writes its last words to before it exits
+# with EX_CONFIG (inference/runtime.py).
+TERMINATION_LOG_ENV = "BATCHGEN_TERMINATION_LOG"
 # The group of the inference workers: stopped together, and (with a CPU engine) the
 # programs that keep their priority beside it (batchgen_site/cpu_placement.py).
 INFERENCE_GROUP = "inference"
@@ -48,20 +58,27 @@ class Program:
     backoff: float = BACKOFF_START
     restart_at: float | None = None
     restarts: int = field(default=0)
+    given_up: bool = False  # exited with EX_CONFIG: not restarted
 
 
 class Supervisor:
-    def __init__(self, programs: list[Program], placement: CpuPlacement | None = None) -> None:
+    def __init__(self, programs: list[Program], placement: CpuPlacement | None = None,
+                 run_dir: Path | None = None) -> None:
         self.programs = programs
         self.placement = placement
+        self.run_dir = run_dir  # where programs write their termination logs
         self._placed_at = 0.0
         self._stop = threading.Event()
 
     def _spawn(self, program: Program) -> None:
         # A session of its own: Ctrl-C reaches the supervisor only, which then stops
         # the children in order.
-        program.process = subprocess.Popen(program.argv, env=program.env,
-                                           start_new_session=True)
+        env = program.env
+        log = self._termination_log(program)
+        if log is not None:
+            log.unlink(missing_ok=True)
+            env = {**(env if env is not None else os.environ), TERMINATION_LOG_ENV: str(log)}
+        program.process = subprocess.Popen(program.argv, env=env, start_new_session=True)
         program.started_at = time.monotonic()
         program.restart_at = None
         logger.info("started %s (pid %s)", program.name, program.process.pid)
@@ -94,6 +111,8 @@ class Supervisor:
         now = time.monotonic()
         for program in self.programs:
             process = program.process
+            if program.given_up:
+                continue
             if program.restart_at is not None:
                 if now >= program.restart_at:
                     program.restarts += 1
@@ -109,11 +128,32 @@ class Supervisor:
                 os.killpg(process.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            if process.returncode == EX_CONFIG:
+                program.given_up = True
+                logger.error("%s (pid %s) cannot start with this configuration and is not "
+                             "restarted: %s", program.name, process.pid,
+                             self._last_words(program))
+                continue
             delay = program.backoff
             logger.error("%s (pid %s) exited with code %s; restarting in %.0f s",
                          program.name, process.pid, process.returncode, delay)
             program.restart_at = now + delay
             program.backoff = min(program.backoff * 2, BACKOFF_MAX)
+
+    def _termination_log(self, program: Program) -> Path | None:
+        if self.run_dir is None:
+            return None
+        return self.run_dir / f"{program.name}.termination-log"
+
+    def _last_words(self, program: Program) -> str:
+        log = self._termination_log(program)
+        try:
+            text = log.read_text(errors="replace").strip() if log is not None else ""
+        except OSError:
+            text = ""
+        # One line, whatever the program wrote.
+        return " ".join(text.split()) or ("it exited with code 78 (EX_CONFIG) and said no "
+                                          "more; its own log above tells why")
 
     def _place(self) -> None:
         now = time.monotonic()

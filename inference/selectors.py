@@ -31,6 +31,23 @@ def dispatch_window(model: str) -> int:
     return window + 2
 
 
+def chunks_held_by_live_workers() -> set[int]:
+    """The chunks live workers said at their last heartbeat they hold, claimed or
+    prefetched (Worker.held_chunks)."""
+    held: set[int] = set()
+    for chunk_ids in live_workers().values_list("held_chunks", flat=True):
+        held.update(chunk_ids or ())
+    return held
+
+
+def models_without_ready_worker() -> list[str]:
+    """The served models none of whose live inference workers has its engine ready:
+    nothing runs their requests now (/health; batches waiting for them,
+    batches/availability.py)."""
+    ready = set(live_workers().filter(ready=True).values_list("model", flat=True))
+    return [model.id for model in served_models() if model.id not in ready]
+
+
 def live_workers_by_model() -> dict[str, int]:
     """How many live workers hold each model."""
     return dict(live_workers().values("model").annotate(workers=Count("name"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from inference.engines.base import (
     Engine,
     EngineConfig,
+    EngineConfigError,
     EngineLoad,
     EngineRequest,
     EngineResult,
@@ -25,6 +26,6 @@ def load_engine(config: EngineConfig) -> Engine:
 
 
 __all__ = [
-    "ENGINES", "Engine", "EngineConfig", "EngineLoad", "EngineRequest", "EngineResult",
-    "EngineSpec", "EngineUnavailable", "LoraAdapter", "engine_spec", "load_engine",
+    "ENGINES", "Engine", "EngineConfig", "EngineConfigError", "EngineLoad", "EngineRequest",
+    "EngineResult", "EngineSpec", "EngineUnavailable", "LoraAdapter", "engine_spec", "load_engine",
 ]

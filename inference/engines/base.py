@@ -90,6 +90,21 @@ class EngineUnavailable(Exception):
     more. The worker stops and its chunks are requeued; nothing is written."""
 
 
+class EngineConfigError(Exception):
+    """The engine cannot start with these settings, and starting it again with the
+    same ones fails the same way (a KV cache too small for the model's context, an
+    unknown engine argument): a permanent failure, unlike a transient one (a device
+    busy, a server not up yet) that a restart may cure. The worker exits with
+    EX_CONFIG and its supervisor does not restart it. `setting` names what to change."""
+
+    def __init__(self, message: str, *, setting: str) -> None:
+        super().__init__(message)
+        self.setting = setting
+
+    def __str__(self) -> str:
+        return f"{self.args[0]} (change {self.setting})"
+
+
 class Engine(abc.ABC):
     name: str = "engine"
 
@@ -125,7 +140,8 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     async def start(self) -> None:
-        """Load the model. Called once, on the worker's engine loop."""
+        """Load the model. Called once, on the worker's engine loop. Raises
+        EngineConfigError when these settings can never start the engine."""
 
     @abc.abstractmethod
     async def generate(self, request: EngineRequest) -> EngineResult:

@@ -114,3 +114,22 @@ def test_health_is_503_when_the_broker_is_unreachable(api, monkeypatch):
 
     assert response.status_code == 503
     assert "broker" in response.json()["reason"]
+
+
+def test_health_names_a_served_model_that_has_no_ready_worker(api, settings):
+    # Given: two served models, a ready worker for one of them only (the other's
+    # engine cannot start, say)
+    from inference.model_info import served_models
+
+    settings.BATCHGEN_MODELS = "m=/models/m,embed=/models/embed"
+    served_models.cache_clear()
+    try:
+        worker()
+
+        response = api.get("/health")
+
+        assert response.status_code == 503
+        assert response.json()["status"] == "unhealthy"
+        assert "no inference worker of model embed is alive" in response.json()["reason"]
+    finally:
+        served_models.cache_clear()

@@ -81,7 +81,8 @@ class Command(BaseCommand):
         # that cannot be served, is refused before anything starts.
         programs = self._programs(options)
         self._prepare(web=not options["inference_only"])
-        Supervisor(programs, placement=cpu_placement(programs)).run()
+        Supervisor(programs, placement=cpu_placement(programs),
+                   run_dir=settings.RUN_DIR).run()
 
     def _environment(self, options) -> dict[str, str]:
         env = dict(os.environ)
