@@ -126,6 +126,11 @@ BATCHGEN_VALIDATION_TIMEOUT_SECONDS = env.int("BATCHGEN_VALIDATION_TIMEOUT_SECON
 # (`validation_failed`) rather than retrying for good: with the default timeout a
 # validation must finish within an hour, ample for a 10 GiB input.
 BATCHGEN_VALIDATION_MAX_RESTARTS = env.int("BATCHGEN_VALIDATION_MAX_RESTARTS", default=5)
+# A running batch waits this long for a model none of whose workers is ready, then
+# fails with model_unavailable (batches/availability.py); 0: until its window ends.
+BATCHGEN_MODEL_UNAVAILABLE_SECONDS = env.float(
+    "BATCHGEN_MODEL_UNAVAILABLE_SECONDS",
+    default=float(setting_default("BATCHGEN_MODEL_UNAVAILABLE_SECONDS")))
 # A worker is alive while its heartbeat is younger than this.
 BATCHGEN_WORKER_TTL_SECONDS = env.int("BATCHGEN_WORKER_TTL_SECONDS", default=30)
 BATCHGEN_HEARTBEAT_SECONDS = env.float("BATCHGEN_HEARTBEAT_SECONDS", default=2.0)
@@ -320,7 +325,8 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(RUN_DIR / "celerybeat-schedule")
 
 # The beat's tasks due within 10 seconds, logged at DEBUG (log_filters.RoutineTicksAtDebug);
 # the slower ones (recovery every 15 s, expiry, purges) stay at INFO.
-ROUTINE_TICK_TASKS = ("batches.dispatch_chunks", "webhooks.sweep_deliveries")
+ROUTINE_TICK_TASKS = ("batches.dispatch_chunks", "webhooks.sweep_deliveries",
+                      "batches.watch_models")
 LOG_LEVEL = env("BATCHGEN_LOG_LEVEL", default="INFO").upper()
 LOGGING = {
     "version": 1,
