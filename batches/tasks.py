@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from batches import dispatch, recovery, services
+from batches import availability, dispatch, recovery, services
 
 
 # Validation streams the whole input once: a million lines take seconds, a 10 GiB
@@ -40,3 +40,8 @@ def recover_chunks() -> str:
 def dispatch_chunks() -> int:
     # The tick only covers what workers' own dispatches skipped: never queue for it.
     return dispatch.dispatch(wait=False)
+
+
+@shared_task(name="batches.watch_models", time_limit=60)
+def watch_models() -> int:
+    return availability.batches_watch_models()

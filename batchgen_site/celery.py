@@ -77,6 +77,10 @@ app.conf.beat_schedule = {
     "dispatch-chunks": {"task": "batches.dispatch_chunks", "schedule": 1.0},
     "expire-batches": {"task": "batches.expire_batches", "schedule": 60.0},
     "recover-chunks": {"task": "batches.recover_chunks", "schedule": 15.0},
+    # Running batches waiting for a model that no ready worker holds: said on the
+    # batch, failed after BATCHGEN_MODEL_UNAVAILABLE_SECONDS (batches/availability.py).
+    # Two reads a tick while every model runs.
+    "watch-models": {"task": "batches.watch_models", "schedule": 10.0},
     "purge-expired-files": {"task": "files.purge_expired_files", "schedule": 3600.0},
     # Webhook retries that are due (first attempts go out on commit). A tick not run
     # within its interval is dropped: the next one covers the same rows.

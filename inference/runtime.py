@@ -42,11 +42,13 @@ from batches.usage import Usage
 from batches.validation import read_chunk
 from batchgen_site.errors import is_storage_full
 from batchgen_site.publishing import publish
+from batchgen_site.supervisor import TERMINATION_LOG_ENV
 from files.incremental import append_lines, scan_results
 from inference.database import WorkerDatabase
 from inference.engines import (
     Engine,
     EngineConfig,
+    EngineConfigError,
     EngineRequest,
     EngineResult,
     EngineUnavailable,
@@ -126,6 +128,7 @@ class InferenceRuntime:
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.failed: BaseException | None = None
+        self.permanent_failure = False  # the engine can never start with these settings
         self.database = WorkerDatabase(self.name)
         self.ledger = ChunkLedger(self.database.flush)
         self.draining = threading.Event()  # SIGTERM: hand chunks back, take no more
@@ -151,8 +154,12 @@ class InferenceRuntime:
                     self.config.engine, self.config.served_model_name, self.slots.capacity)
 
     def _engine_started(self, future) -> None:
-        if future.exception() is not None:
-            self._engine_lost(future.exception(), "failed to start")
+        error = future.exception()
+        if isinstance(error, EngineConfigError):
+            self._engine_lost(error, "cannot start with these settings, and is not "
+                                     "started again with them", permanent=True)
+        elif error is not None:
+            self._engine_lost(error, "failed to start")
         else:
             self._admission()
         self.ready.set()
@@ -178,17 +185,32 @@ class InferenceRuntime:
                     self.config.served_model_name, engine.max_context_length,
                     slots.token_budget or "unlimited")
 
-    def _engine_lost(self, error: BaseException, what: str) -> None:
+    def _engine_lost(self, error: BaseException, what: str, *, permanent: bool = False) -> None:
         """Without an engine this worker can do nothing: stop taking chunks and exit,
         so the supervisor (or the container's restart policy) starts a fresh one and
-        the chunks it held are requeued."""
+        the chunks it held are requeued. `permanent`: these settings can never start
+        the engine, so the worker exits with EX_CONFIG, which tells the supervisor not
+        to start it again (see exit_code())."""
         if self.failed is not None:
             return
         self.failed = error
+        self.permanent_failure = permanent
         self.ready.set()
-        logger.critical("the %s engine %s: %r; stopping this worker", self.config.engine, what,
-                        error)
+        logger.critical("the %s engine of model %s %s: %s; stopping this worker",
+                        self.config.engine, self.config.served_model_name, what,
+                        error if permanent else repr(error))
         os.kill(os.getpid(), signal.SIGTERM)
+
+    def exit_code(self) -> int | None:
+        """EX_CONFIG (78, sysexits' "configuration error", which systemd's
+        RestartPreventExitStatus= and `serve`'s supervisor honour) when these settings
+        can never start the engine; None otherwise (Celery's own code stands)."""
+        return os.EX_CONFIG if self.permanent_failure else None
+
+    def termination_message(self) -> str:
+        """One line saying why this worker stopped for good (see exit_code())."""
+        return (f"the {self.config.engine} engine of model {self.config.served_model_name} "
+                f"cannot start with these settings: {self.failed}")
 
     def drain(self) -> None:
         """Warm shutdown began: chunks in hand stop and go back to the queue now."""
@@ -522,6 +544,23 @@ def get_runtime() -> InferenceRuntime | None:
 def stop_runtime() -> None:
     if _runtime is not None:
         _runtime.stop()
+
+
+def runtime_exit_code() -> int | None:
+    """The code this worker must exit with once stopped (None: Celery's own): EX_CONFIG
+    when its engine can never start with these settings, having written the one line
+    that says why to the supervisor's termination log."""
+    if _runtime is None or _runtime.exit_code() is None:
+        return None
+    # Where the supervisor that started this process reads why it ended, as Kubernetes
+    # reads a container's terminationMessagePath (batchgen_site/supervisor.py).
+    path = os.environ.get(TERMINATION_LOG_ENV)
+    if path:
+        try:
+            Path(path).write_text(_runtime.termination_message() + "\n")
+        except OSError:
+            logger.exception("could not write the termination log %s", path)
+    return _runtime.exit_code()
 
 
 def drain_runtime() -> None:

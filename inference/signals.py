@@ -79,6 +79,12 @@ def on_worker_shutting_down(**kwargs):
 
 @signals.worker_shutdown.connect
 def on_worker_shutdown(sender, **kwargs):
-    from inference.runtime import stop_runtime
+    from inference.runtime import runtime_exit_code, stop_runtime
 
     stop_runtime()
+    code = runtime_exit_code()
+    if code is not None:
+        # Sent by WorkController.stop() after it set its exit code, which `celery
+        # worker` exits with: an engine that can never start must not look like a
+        # clean stop (0) that a supervisor restarts.
+        sender.exitcode = code

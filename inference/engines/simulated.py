@@ -10,7 +10,7 @@ import time
 
 from batches.endpoints import endpoint_spec
 from batches.endpoints.base import choice_count
-from inference.engines.base import Engine, EngineRequest, EngineResult
+from inference.engines.base import Engine, EngineConfigError, EngineRequest, EngineResult
 from inference.engines.registry import SIMULATED_CONTEXT
 
 
@@ -22,7 +22,14 @@ class SimulatedEngine(Engine):
         return self.config.max_context_length or SIMULATED_CONTEXT
 
     async def start(self) -> None:
-        return None
+        # Fault tests make its start fail as a real engine's can (BATCHGEN_ENGINE_ARGS
+        # '{"fail_start": "config"}' or '"transient"'): for good, or this time only.
+        failure = self.config.engine_args.get("fail_start")
+        if failure == "config":
+            raise EngineConfigError("the simulated engine was told to refuse its settings",
+                                    setting="BATCHGEN_ENGINE_ARGS (fail_start)")
+        if failure == "transient":
+            raise RuntimeError("the simulated engine was told to fail its start")
 
     async def generate(self, request: EngineRequest) -> EngineResult:
         if self.config.sim_latency_ms:

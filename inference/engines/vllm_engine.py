@@ -25,9 +25,17 @@ One method per endpoint, `serve_<name>` for the spec named `name`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import copy
+import dataclasses
+import json
 import logging
 import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
 from http import HTTPStatus
 from typing import Any
 
@@ -64,6 +72,7 @@ from batches.endpoints import ENDPOINTS, EndpointSpec
 from inference.engines.base import (
     Engine,
     EngineConfig,
+    EngineConfigError,
     EngineLoad,
     EngineRequest,
     EngineResult,
@@ -279,21 +288,37 @@ class VllmEngine(Engine):
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 
-        engine_args = self.engine_args()
-        vllm_config = engine_args.create_engine_config(
-            usage_context=UsageContext.OPENAI_BATCH_RUNNER
-        )
-        # Blocks this loop until the engine core is up; nothing else runs on the
-        # engine loop before start() returns.
-        llm = AsyncLLM.from_vllm_config(
-            vllm_config=vllm_config,
-            usage_context=UsageContext.OPENAI_BATCH_RUNNER,
-            enable_log_requests=engine_args.enable_log_requests,
-            disable_log_stats=engine_args.disable_log_stats,
-            # The scheduler's figures after every step, for admission (the worker
-            # keeps the engine's queue fed from them); vLLM's own loggers stay.
-            stat_loggers=[lambda _config, index: _LoadReporter(self, index)],
-        )
+        try:
+            engine_args = self.engine_args()  # TypeError: an argument vLLM does not know
+            vllm_config = engine_args.create_engine_config(
+                usage_context=UsageContext.OPENAI_BATCH_RUNNER
+            )
+        except Exception as exc:
+            failure = _start_failure(type(exc).__name__, str(exc))
+            if failure is None:
+                raise
+            raise failure from exc
+        with _engine_core_errors(vllm_config) as root_cause:
+            try:
+                # Blocks this loop until the engine core is up; nothing else runs on
+                # the engine loop before start() returns.
+                llm = AsyncLLM.from_vllm_config(
+                    vllm_config=vllm_config,
+                    usage_context=UsageContext.OPENAI_BATCH_RUNNER,
+                    enable_log_requests=engine_args.enable_log_requests,
+                    disable_log_stats=engine_args.disable_log_stats,
+                    # The scheduler's figures after every step, for admission (the
+                    # worker keeps the engine's queue fed from them); vLLM's own
+                    # loggers stay.
+                    stat_loggers=[lambda _config, index: _LoadReporter(self, index)],
+                )
+            except Exception as exc:
+                # The engine core process failed: what it raised is only in its log.
+                cause = root_cause()
+                failure = _start_failure(*cause) if cause else None
+                if failure is None:
+                    raise
+                raise failure from exc
         try:
             models = self._build_serving(llm)
             # Loads each adapter into the engine now: a bad one stops the start-up.
@@ -473,6 +498,85 @@ class VllmEngine(Engine):
         self._chat = self._completion = self._embedding = None
         if llm is not None:
             llm.shutdown()
+
+
+# What vLLM raises for settings it cannot work with, whatever the host does meanwhile
+# (its config checks, the engine core's KV cache check, an argument it does not know,
+# pydantic's ValidationError); anything else (a device busy, out of memory, a lost
+# process) may pass with a restart.
+_CONFIG_ERRORS = frozenset({"ValueError", "TypeError", "ValidationError"})
+# The settings a message of vLLM's about memory or length points at.
+_MEMORY_WORDS = ("KV cache", "max seq len", "max_model_len", "gpu_memory_utilization",
+                 "cache blocks")
+_ESTIMATED_LENGTH = re.compile(r"estimated maximum model length is (\d+)")
+# The last line of a Python traceback: "ValueError: To serve at least one request ...".
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
+
+
+def _start_failure(kind: str, message: str) -> EngineConfigError | None:
+    """The engine's start failed with `kind` (an exception's class name) and
+    `message`: an EngineConfigError naming the setting to change when these settings
+    can never start it, else None (a restart may help)."""
+    if kind.rsplit(".", 1)[-1] not in _CONFIG_ERRORS:
+        return None
+    if any(word in message for word in _MEMORY_WORDS):
+        setting = ("BATCHGEN_ENGINE_ARGS (kv_cache_memory_bytes, gpu_memory_utilization) "
+                   "or BATCHGEN_MAX_CONTEXT_LENGTH")
+        estimated = _ESTIMATED_LENGTH.search(message)
+        if estimated:
+            setting += f", e.g. BATCHGEN_MAX_CONTEXT_LENGTH={estimated.group(1)}"
+    else:
+        setting = "BATCHGEN_ENGINE_ARGS or the model (BATCHGEN_MODEL, BATCHGEN_MODELS)"
+    return EngineConfigError(f"vLLM refused them: {kind}: {message}", setting=setting)
+
+
+@contextlib.contextmanager
+def _engine_core_errors(vllm_config: Any) -> Iterator[Any]:
+    """While the engine core process starts, keep the errors it logs, and yield a
+    function returning the (class name, message) of the exception it failed with.
+
+    The engine core is another process: when it fails to start, AsyncLLM raises only
+    "Engine core initialization failed. See root cause above", and the root cause is
+    in that process's log. vLLM's own logging setting (LoggingConfig's
+    pylogging_config_file, which the engine core applies first thing) adds a file
+    handler to its default configuration for ERROR records. Left alone where the
+    operator configures vLLM's logging."""
+    logging_config = vllm_config.logging_config
+    if not logging_config.configure_logging or logging_config.pylogging_config_file:
+        yield lambda: None
+        return
+    from vllm.logger import DEFAULT_LOGGING_CONFIG
+
+    folder = tempfile.mkdtemp(prefix="batchgen-vllm-start-")
+    errors = os.path.join(folder, "engine-core-errors.log")
+    config = copy.deepcopy(DEFAULT_LOGGING_CONFIG)
+    config["formatters"]["batchgen_plain"] = {"format": "%(message)s"}
+    config["handlers"]["batchgen_errors"] = {
+        "class": "logging.FileHandler", "filename": errors, "level": "ERROR",
+        "formatter": "batchgen_plain", "delay": True}
+    config["loggers"]["vllm"]["handlers"].append("batchgen_errors")
+    path = os.path.join(folder, "logging.json")
+    with open(path, "w") as file:
+        json.dump(config, file)
+    vllm_config.logging_config = dataclasses.replace(logging_config,
+                                                     pylogging_config_file=path)
+
+    def root_cause() -> tuple[str, str] | None:
+        try:
+            with open(errors, errors="replace") as file:
+                lines = file.read().splitlines()
+        except OSError:
+            return None
+        found = [match.groups() for line in lines if (match := _EXCEPTION_LINE.match(line))]
+        return found[-1] if found else None
+
+    try:
+        yield root_cause
+    finally:
+        # The running engine core keeps its handler on the unlinked file: a few
+        # bytes an error, for a process that has its own log anyway.
+        vllm_config.logging_config = logging_config
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _failure_from(response: ErrorResponse) -> EngineResult:

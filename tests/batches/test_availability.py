@@ -160,3 +160,12 @@ def test_only_the_batches_of_the_unavailable_model_wait(running_batch, settings)
             "No inference worker of model m ")
     finally:
         served_models.cache_clear()
+
+
+def test_the_admin_shows_why_the_batch_waits(running_batch, admin_client):
+    batch = running_batch(2)
+    availability.batches_watch_models()
+
+    page = admin_client.get(f"/admin/batches/batch/{batch.id}/change/").content.decode()
+
+    assert "<code>model_unavailable</code>: No inference worker of model m" in page
