@@ -2,9 +2,9 @@
 
 Sampling: the request body's value > the batch-level value > the server default
 (greedy: temperature 0; top_p and top_k off).
-Output tokens: the body's max_completion_tokens or max_tokens > the batch's
-max_decoding_length > what remains of the context (left to the engine, which knows
-the prompt's length).
+Output tokens: the body's max_completion_tokens or max_tokens (or the endpoint's own
+name for it, such as max_output_tokens) > the batch's max_decoding_length > what
+remains of the context (left to the engine, which knows the prompt's length).
 
 Bounds: SAMPLING_BOUNDS is the one table of what each numeric parameter may be. The
 line checks (batches/validation.py), the msgspec fast path (batches/line_schema.py)
@@ -21,6 +21,9 @@ SAMPLING_KEYS = ("temperature", "top_p", "top_k")
 GREEDY_TEMPERATURE = 0.0
 INT64_MAX = 2**63 - 1
 MAX_CHOICES = 128
+# A body's output token limit under chat's and completions' names; an endpoint may
+# name it otherwise (its spec's output_limit_field, such as max_output_tokens).
+OUTPUT_LIMIT_FIELDS = ("max_completion_tokens", "max_tokens")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,17 +100,18 @@ def resolve_body(body: dict[str, Any], batch: BatchParams, *,
     if "temperature" not in resolved:
         resolved["temperature"] = GREEDY_TEMPERATURE
 
-    limit = output_token_limit(resolved, batch)
-    resolved.pop("max_completion_tokens", None)
-    resolved.pop("max_tokens", None)
+    limit = output_token_limit(resolved, batch, output_limit_field)
+    for key in {output_limit_field, *OUTPUT_LIMIT_FIELDS}:
+        resolved.pop(key, None)
     if limit is not None:
         resolved[output_limit_field] = limit
     return resolved
 
 
-def output_token_limit(body: dict[str, Any], batch: BatchParams) -> int | None:
+def output_token_limit(body: dict[str, Any], batch: BatchParams,
+                       output_limit_field: str = "max_completion_tokens") -> int | None:
     """None means: what remains of the context after the prompt."""
-    for key in ("max_completion_tokens", "max_tokens"):
+    for key in dict.fromkeys((output_limit_field, *OUTPUT_LIMIT_FIELDS)):
         if body.get(key) is not None:
             return body[key]
     return batch.max_decoding_length

@@ -26,13 +26,15 @@ class Usage:
 
     def add_body(self, body: dict | None) -> None:
         """Add one response body's `usage` (chat, completion or embedding: an
-        embedding has prompt tokens only)."""
+        embedding has prompt tokens only; a Response counts input and output tokens)."""
         usage = (body or {}).get("usage") or {}
-        self.input_tokens += usage.get("prompt_tokens") or 0
-        self.output_tokens += usage.get("completion_tokens") or 0
-        self.cached_tokens += (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        self.reasoning_tokens += ((usage.get("completion_tokens_details") or {})
-                                  .get("reasoning_tokens") or 0)
+        self.input_tokens += usage.get("prompt_tokens") or usage.get("input_tokens") or 0
+        self.output_tokens += usage.get("completion_tokens") or usage.get("output_tokens") or 0
+        inputs = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
+        self.cached_tokens += inputs.get("cached_tokens") or 0
+        outputs = (usage.get("completion_tokens_details") or usage.get("output_tokens_details")
+                   or {})
+        self.reasoning_tokens += outputs.get("reasoning_tokens") or 0
 
     def __iadd__(self, other: Usage) -> Usage:
         for name in USAGE_FIELDS:

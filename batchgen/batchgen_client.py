@@ -75,8 +75,9 @@ __all__ = [
 DEFAULT_BASE_URL = "http://localhost:10900"
 DEFAULT_ENDPOINT = "/v1/chat/completions"
 # What a batch's `endpoint` may be; which of them the server runs depends on its model
-# (a chat model: the first two; an embedding model: /v1/embeddings).
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+# (a chat model: chat completions, completions and responses; an embedding model:
+# /v1/embeddings).
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 # Statuses after which a batch never changes again.
 FAILED_STATUSES = frozenset({"failed", "cancelled", "expired"})
 TERMINAL_STATUSES = FAILED_STATUSES | {"completed"}

@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--endpoint", default=DEFAULT_ENDPOINT,
                    help=f"the url of every line: {', '.join(ENDPOINTS)} "
                         f"(default {DEFAULT_ENDPOINT}); /v1/embeddings needs an embedding "
-                        "model on the server")
+                        "model on the server, the others a chat model")
     p.add_argument("--max-decoding-length", type=_positive_int, metavar="N")
     p.add_argument("--max-context-length", type=_positive_int, metavar="N")
     p.add_argument("--temperature", type=float)

@@ -72,7 +72,8 @@ def estimate_cost(request: EngineRequest) -> Cost:
     if not spec.generates:
         return Cost(chars // CHARS_PER_TOKEN + 1)
     # Each of the n choices holds its own output; the prompt's blocks are shared.
-    output = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_OUTPUT_ESTIMATE
+    output = (body.get(spec.output_limit_field) or body.get("max_completion_tokens")
+              or body.get("max_tokens") or DEFAULT_OUTPUT_ESTIMATE)
     tokens = chars // CHARS_PER_TOKEN + 1 + output * choice_count(body)
     shared = min(spec.shared_prefix_chars(body), chars) // CHARS_PER_TOKEN
     if not shared:

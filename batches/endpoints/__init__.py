@@ -2,7 +2,12 @@
 says what a spec holds). Adding an endpoint: a module here, its import below, and the
 engines' serve_<name> method (docs/architecture.md, "Adding an endpoint")."""
 
-from batches.endpoints import chat, completions, embeddings  # noqa: F401 - each registers
+from batches.endpoints import (  # noqa: F401 - each registers
+    chat,
+    completions,
+    embeddings,
+    responses,
+)
 from batches.endpoints.base import ENDPOINTS, NOT_BATCHED, EndpointSpec, endpoint_spec
 
 __all__ = ["ENDPOINTS", "NOT_BATCHED", "EndpointSpec", "endpoint_spec"]

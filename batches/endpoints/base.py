@@ -32,7 +32,7 @@ class EndpointSpec:
 
     url: ClassVar[str]  # the batch's `endpoint` and every line's `url`
     name: ClassVar[str]  # short name: engines' methods are serve_<name>
-    member: ClassVar[str]  # the member of batches.models.Endpoint (CHAT, COMPLETIONS)
+    member: ClassVar[str]  # the member of batches.models.Endpoint (CHAT, COMPLETIONS, ...)
     line_type: ClassVar[type[msgspec.Struct]]  # a whole line, as the fast path decodes it
     # Where the output token limit goes in the body the engine runs.
     output_limit_field: ClassVar[str] = "max_tokens"
@@ -86,6 +86,16 @@ class EndpointSpec:
         `request_body`."""
         raise NotImplementedError
 
+    def token_counts(self, usage: dict[str, Any]) -> tuple[int, int]:
+        """(input, output) tokens of a response body's `usage`."""
+        return usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+
+    def complete_usage(self, usage: dict[str, Any]) -> None:
+        """Fill in what an engine's `usage` left out (zeros, the total), in place."""
+        usage["prompt_tokens"] = usage.get("prompt_tokens") or 0
+        usage["completion_tokens"] = usage.get("completion_tokens") or 0
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+
     def shape_output(self, body: dict[str, Any]) -> dict[str, Any]:
         """An engine's response body (a plain dict) as the API contract shapes it."""
         return body
@@ -93,11 +103,8 @@ class EndpointSpec:
 
 ENDPOINTS: dict[str, EndpointSpec] = {}
 # Batch endpoints of OpenAI's that BatchGen refuses at create, and why.
-NOT_BATCHED = {
-    "/v1/responses": (
-        "BatchGen does not run /v1/responses batches yet (vLLM's own batch runner "
-        "does not either); send the same requests as /v1/chat/completions lines."),
-}
+# (None now: every one of them is registered.)
+NOT_BATCHED: dict[str, str] = {}
 
 
 def register(spec_class: type[EndpointSpec]) -> type[EndpointSpec]:

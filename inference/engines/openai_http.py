@@ -2,9 +2,9 @@
 does the inference, BatchGen keeps the batch.
 
 Each request of a chunk is one POST to the server's endpoint of the same name
-(`{engine_url}/chat/completions`, `/completions`, `/embeddings`), and the worker's
-slots are its concurrency: the runtime calls `generate()` once per slot, and the HTTP
-client has no connection limit of its own to queue them behind.
+(`{engine_url}/chat/completions`, `/completions`, `/embeddings`, `/responses`), and the
+worker's slots are its concurrency: the runtime calls `generate()` once per slot, and
+the HTTP client has no connection limit of its own to queue them behind.
 
 What this module adds to a plain HTTP call:
 
@@ -339,9 +339,8 @@ class OpenAIHttpEngine(Engine):
         body = _without_nulls(answer)
         body["model"] = self.config.served_model_name
         usage = body.setdefault("usage", {})
-        usage["prompt_tokens"] = prompt_tokens = usage.get("prompt_tokens") or 0
-        usage["completion_tokens"] = usage.get("completion_tokens") or 0
-        usage["total_tokens"] = prompt_tokens + usage["completion_tokens"]
+        spec.complete_usage(usage)
+        prompt_tokens, _ = spec.token_counts(usage)
         if cap and prompt_tokens >= cap:
             # The server knows only its own context; the batch's cap is checked on the
             # prompt length it reports.
@@ -349,8 +348,9 @@ class OpenAIHttpEngine(Engine):
                 "context_length_exceeded", f"Prompt length {prompt_tokens} exceeds model "
                 f"context {cap}")
         body = spec.shape_output(body)
+        _, completion_tokens = spec.token_counts(body["usage"])
         return EngineResult(body=body, prompt_tokens=prompt_tokens,
-                            completion_tokens=body["usage"].get("completion_tokens", 0))
+                            completion_tokens=completion_tokens)
 
     async def shutdown(self) -> None:
         client, self._client = self._client, None

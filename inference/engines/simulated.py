@@ -50,7 +50,8 @@ class SimulatedEngine(Engine):
             return EngineResult.failure(
                 "context_length_exceeded",
                 f"Prompt length {prompt_tokens} exceeds model context {context}")
-        limit = (request.body.get("max_completion_tokens") or request.body.get("max_tokens")
+        limit = (request.body.get(spec.output_limit_field)
+                 or request.body.get("max_completion_tokens") or request.body.get("max_tokens")
                  or context - prompt_tokens)
         # An adapter answers other text than its base model, as a real one would.
         salt = f"{model}\n" if model in adapters else ""
@@ -69,5 +70,6 @@ class SimulatedEngine(Engine):
                                    finish_reason=finish_reason, usage=usage,
                                    request_body=request.body)
         # An embedding has no completion: its spec's usage says so.
+        _, completion_tokens = spec.token_counts(body["usage"])
         return EngineResult(body=body, prompt_tokens=prompt_tokens,
-                            completion_tokens=body["usage"].get("completion_tokens", 0))
+                            completion_tokens=completion_tokens)

@@ -1,9 +1,9 @@
 """The real engine: one vLLM v1 `AsyncLLM` per worker process.
 
 Requests go through vLLM's own OpenAI serving layer (`OpenAIServingChat`,
-`OpenAIServingCompletion`), wired up the way `vllm run_batch` wires it, so chat
-templates, sampling defaults, usage, finish reasons, reasoning parsing and tool-call
-parsing are vLLM's, not ours. What BatchGen adds:
+`OpenAIServingCompletion`, `OpenAIServingResponses`), wired up the way `vllm run_batch`
+wires it, so chat templates, sampling defaults, usage, finish reasons, reasoning
+parsing and tool-call parsing are vLLM's, not ours. What BatchGen adds:
 
 - the batch-level context cap (`EngineRequest.max_context_length`): the serving
   classes are subclassed at their render hook, where the prompt has just been
@@ -55,6 +55,8 @@ from vllm.entrypoints.openai.completion.protocol import (
 from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
 from vllm.entrypoints.openai.models.protocol import BaseModelPath, LoRAModulePath
 from vllm.entrypoints.openai.models.serving import OpenAIServingModels
+from vllm.entrypoints.openai.responses.protocol import ResponsesRequest, ResponsesResponse
+from vllm.entrypoints.openai.responses.serving import OpenAIServingResponses
 from vllm.entrypoints.pooling.embed.protocol import EmbeddingCompletionRequest
 from vllm.entrypoints.pooling.embed.serving import ServingEmbedding
 from vllm.entrypoints.serve import create_error_response
@@ -159,6 +161,15 @@ class _BatchServingCompletion(OpenAIServingCompletion):
         return result
 
 
+class _BatchServingResponses(OpenAIServingResponses):
+    async def _render_resolved_response_inputs(self, request: ResponsesRequest, *args,
+                                               **kwargs):
+        result = await super()._render_resolved_response_inputs(request, *args, **kwargs)
+        if not isinstance(result, ErrorResponse):
+            _fit_context(self, request, [result.engine_input], "max_output_tokens")
+        return result
+
+
 class _LoadReporter(StatLoggerBase):
     """A vLLM stat logger that hands each step's scheduler figures (running and
     waiting requests, KV-cache usage) to the engine, which tells the worker: the
@@ -186,6 +197,7 @@ class VllmEngine(Engine):
         self._llm: AsyncLLM | None = None
         self._chat: _BatchServingChat | None = None
         self._completion: _BatchServingCompletion | None = None
+        self._responses: _BatchServingResponses | None = None
         self._embedding: ServingEmbedding | None = None
         self._stats_task: asyncio.Task | None = None
         self._core_loads: dict[int, EngineLoad] = {}  # engine core (DP rank) -> last load
@@ -390,6 +402,16 @@ class VllmEngine(Engine):
             llm, models, online_renderer=renderer, request_logger=None,
             enable_prompt_tokens_details=True,
         )
+        # As `vllm serve` builds it, on the same renderer and parsers as chat. No tool
+        # server: a batch runs no built-in tools (validation refuses them). Its store
+        # stays off (VLLM_ENABLE_RESPONSES_API_STORE), so no response is kept.
+        self._responses = _BatchServingResponses(
+            llm, models, renderer, request_logger=None, chat_template=None,
+            chat_template_content_format="auto",
+            reasoning_parser=reasoning_parser or "",
+            enable_auto_tools=tool_parser is not None, tool_parser=tool_parser,
+            enable_prompt_tokens_details=True,
+        )
 
     async def generate(self, request: EngineRequest) -> EngineResult:
         if self._llm is None:
@@ -427,12 +449,10 @@ class VllmEngine(Engine):
             )
         # Its `model` is vLLM's: the name of the model or of the adapter that answered.
         body = _output_body(response, ENDPOINTS[request.endpoint])
-        usage = body["usage"]
-        return EngineResult(
-            body=body,
-            prompt_tokens=usage.get("prompt_tokens", 0),
-            completion_tokens=usage.get("completion_tokens", 0),
-        )
+        prompt_tokens, completion_tokens = ENDPOINTS[request.endpoint].token_counts(
+            body["usage"])
+        return EngineResult(body=body, prompt_tokens=prompt_tokens,
+                            completion_tokens=completion_tokens)
 
     async def _serve(self, request: EngineRequest) -> Any:
         if not isinstance(request.body, dict):
@@ -460,6 +480,15 @@ class VllmEngine(Engine):
         serving = self._generative(self._completion)
         request = CompletionRequest.model_validate({**body, **_ONE_FULL_ANSWER})
         return _dumped(await serving.create_completion(request))
+
+    async def serve_responses(self, body: dict[str, Any]) -> dict[str, Any] | ErrorResponse:
+        serving = self._generative(self._responses)
+        # The Response's id is its request id: OpenAI's resp_ prefix on the engine's
+        # own unique id. One full answer, kept nowhere.
+        request = ResponsesRequest.model_validate({
+            **body, "request_id": f"resp_{body['request_id']}", "stream": False,
+            "background": False, "store": False})
+        return _dumped(await serving.create_responses(request))
 
     def _generative(self, serving: Any) -> Any:
         """The serving object, built only when the model generates text."""
@@ -495,7 +524,7 @@ class VllmEngine(Engine):
             self._stats_task.cancel()
             self._stats_task = None
         llm, self._llm = self._llm, None
-        self._chat = self._completion = self._embedding = None
+        self._chat = self._completion = self._responses = self._embedding = None
         if llm is not None:
             llm.shutdown()
 
@@ -612,12 +641,14 @@ def _validation_message(exc: pydantic.ValidationError) -> str:
 def _dumped(response: Any) -> dict[str, Any] | ErrorResponse:
     if isinstance(response, ChatCompletionResponse | CompletionResponse):
         return response.model_dump(mode="json", exclude_none=True)
+    if isinstance(response, ResponsesResponse):
+        # By alias, as vLLM's own server answers: a Response's text.format holds
+        # OpenAI's json_schema config, whose `schema` is the pydantic field `schema_`.
+        return response.model_dump(mode="json", exclude_none=True, by_alias=True)
     return response
 
 
 def _output_body(body: dict[str, Any], spec: EndpointSpec) -> dict[str, Any]:
     """The response as the API contract shapes it (plain, JSON-serializable dict)."""
-    usage = body.setdefault("usage", {})
-    usage["completion_tokens"] = usage.get("completion_tokens") or 0
-    usage["total_tokens"] = usage.get("prompt_tokens", 0) + usage["completion_tokens"]
+    spec.complete_usage(body.setdefault("usage", {}))
     return spec.shape_output(body)

@@ -118,7 +118,7 @@ def test_create_without_input_file_id_is_400(api, published):
     assert_envelope(create(api, endpoint="/v1/chat/completions"), 400, param="input_file_id")
 
 
-@pytest.mark.parametrize("endpoint", ["/v1/audio/speech", "/v1/responses", "chat", ""])
+@pytest.mark.parametrize("endpoint", ["/v1/audio/speech", "/v1/moderations", "chat", ""])
 def test_create_with_another_endpoint_is_400(api, input_file, published, endpoint):
     response = create(api, input_file_id=input_file["id"], endpoint=endpoint)
 

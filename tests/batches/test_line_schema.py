@@ -54,6 +54,34 @@ def variants() -> list[bytes]:
                 line = json.loads(json.dumps(embedding))
                 line["body"][key] = value
                 out.append(json.dumps(line).encode())
+    items = [{"role": "user", "content": "hi"}, {"type": "message", "role": "developer",
+                                                 "content": [{"type": "input_text", "text": "a"}]},
+             {"role": "assistant", "content": [{"type": "output_text", "text": "b"}]}]
+    odd_items = [[], [None], ["hi"], [{"role": "user"}], [{"role": "tool", "content": "x"}],
+                 [{"role": "user", "content": []}], [{"role": "user", "content": 5}],
+                 [{"role": "user", "content": [{"type": "text", "text": "a"}]}],
+                 [{"role": "user", "content": [{"type": "input_text"}]}],
+                 [{"role": "user", "content": "a", "type": "function_call"}],
+                 [{"role": "user", "content": "a", "type": None}], items]
+    formats = [{"type": "text"}, {"type": "json_object"}, {"type": "xml"}, {"type": None},
+               {"type": "json_schema", "name": "a", "schema": {}},
+               {"type": "json_schema", "name": "a"}, {"type": "json_schema", "schema": {}},
+               {"type": "json_schema", "name": "a", "schema": {}, "strict": "yes"},
+               {"type": "json_schema", "name": 5, "schema": {}, "description": 5}]
+    for text in ("hi", items):
+        response = {"custom_id": "r", "method": "POST", "url": "/v1/responses",
+                    "body": {"model": "m", "input": text}}
+        for key in ("input", "instructions", "max_output_tokens", "temperature", "top_p",
+                    "seed", "text", "reasoning", "metadata", "user", "store", "stream",
+                    "background", "previous_response_id", "tools", "conversation"):
+            for value in [*odd_values, *odd_items, *({"format": f} for f in formats),
+                          {"format": None}, {"effort": "low"}, {"effort": "extreme"},
+                          {"summary": "auto", "effort": None}, {"a": "b"}, {"a": 1},
+                          {"k" * 65: "v"}, {f"k{i}": "v" for i in range(17)},
+                          [{"type": "function", "name": "f"}], [{"type": "web_search"}]]:
+                line = json.loads(json.dumps(response))
+                line["body"][key] = value
+                out.append(json.dumps(line).encode())
     for key in ("custom_id", "method", "url", "body"):
         for value in odd_values + ["POST", "a" * 513]:
             line = json.loads(json.dumps(base))

@@ -51,7 +51,7 @@ BAD_CHAT_LINES = [
                  "invalid_method", "method", id="no-method"),
     pytest.param({**chat_line("x"), "url": COMPLETIONS}, "invalid_url", "url",
                  id="other-endpoint"),
-    pytest.param({**chat_line("x"), "url": "/v1/responses"}, "invalid_url", "url",
+    pytest.param({**chat_line("x"), "url": "/v1/moderations"}, "invalid_url", "url",
                  id="unknown-url"),
     pytest.param({k: v for k, v in chat_line("x").items() if k != "url"},
                  "invalid_url", "url", id="no-url"),

@@ -368,11 +368,12 @@ def test_file_upload_goes_through_the_cli_submit(stub, input_file, capsys):
     assert fields["purpose"] == (None, b"batch")
 
 
-def test_submit_endpoint_is_the_batch_endpoint(stub, input_file, tmp_path):
+@pytest.mark.parametrize("endpoint", ["/v1/embeddings", "/v1/responses"])
+def test_submit_endpoint_is_the_batch_endpoint(stub, input_file, tmp_path, endpoint):
     script_batch_run(stub, statuses=["completed"], output=result_line("a"))
 
     code = run(stub, "submit", str(input_file), "-o", str(tmp_path / "out.jsonl"),
-               "--endpoint", "/v1/embeddings", "--poll-interval", "1")
+               "--endpoint", endpoint, "--poll-interval", "1")
 
     assert code == 0
-    assert stub.requests_to("POST", "/v1/batches")[0].json()["endpoint"] == "/v1/embeddings"
+    assert stub.requests_to("POST", "/v1/batches")[0].json()["endpoint"] == endpoint

@@ -29,6 +29,7 @@ INPUTS = Path(__file__).parent / "inputs"
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
+RESPONSES = "/v1/responses"
 MiB = 1024 * 1024
 
 
@@ -314,6 +315,24 @@ INPUT_FILES: list[InputFile] = [
                endpoint=EMBEDDINGS),
     bad_line_2("embeddings_dimensions_zero", "invalid_body", "body.dimensions",
                endpoint=EMBEDDINGS),
+    # OpenAI's Responses body in a /v1/responses batch, and what a batch cannot do.
+    *[bad_line_2(f"responses_{name}", code, param, endpoint=RESPONSES) for name, code, param in [
+        ("input_empty_list", "invalid_body", "body.input"),
+        ("item_role_unknown", "invalid_body", "body.input[0].role"),
+        ("content_part_type_text", "invalid_body", "body.input[0].content[0].type"),
+        ("max_output_tokens_zero", "invalid_body", "body.max_output_tokens"),
+        ("text_format_schema_missing", "invalid_body", "body.text.format.schema"),
+        ("reasoning_effort_unknown", "invalid_body", "body.reasoning.effort"),
+        ("metadata_value_number", "invalid_body", "body.metadata"),
+        ("stream_true", "unsupported_parameter", "body.stream"),
+        ("background_true", "unsupported_parameter", "body.background"),
+        ("previous_response_id", "unsupported_parameter", "body.previous_response_id"),
+        ("builtin_tool", "unsupported_parameter", "body.tools[0].type"),
+        ("batch_given_a_chat_line", "invalid_url", "url"),
+    ]],
+    InputFile("responses_string_and_items_and_options",
+              from_file("responses_string_and_items_and_options"),
+              Validates(("ok-1", "ok-2", "ok-3")), RESPONSES),
     # Output length.
     bad_line_2("max_tokens_negative", "invalid_body", "body.max_tokens"),
     bad_line_2("max_tokens_zero", "invalid_body", "body.max_tokens"),
@@ -540,8 +559,8 @@ CREATES: list[CreateBatch] = [
                 Refused(400, "invalid_input_file", "input_file_id")),
     CreateBatch("input_file_id_too_long", _json({"input_file_id": "f" * 10_000}),
                 Refused(400, "max_length", "input_file_id")),
-    CreateBatch("endpoint_responses", _with_file(endpoint="/v1/responses"),
-                Refused(400, "unsupported_endpoint", "endpoint")),
+    CreateBatch("endpoint_moderations", _with_file(endpoint="/v1/moderations"),
+                Refused(400, "invalid_choice", "endpoint")),
     CreateBatch("endpoint_number", _with_file(endpoint=1), Refused(400, param="endpoint")),
     # An object or list where the endpoint goes (schema fuzzing found the 500).
     CreateBatch("endpoint_object", _with_file(endpoint={"url": "/v1/responses"}),

@@ -167,3 +167,47 @@ def test_openai_sdk_and_cli_embeddings_batch(server, tmp_path):
         capture_output=True, text=True, timeout=300)
     assert submit.returncode == 0, submit.stderr
     assert len(output_ids((tmp_path / "output.jsonl").read_bytes())) == 12
+
+
+def response_lines(count: int) -> bytes:
+    """/v1/responses lines: string inputs and item lists, with instructions."""
+    lines = []
+    for i in range(count):
+        text = f"question {i}"
+        items = [{"role": "user", "content": [{"type": "input_text", "text": text}]}]
+        lines.append({"custom_id": f"resp-{i}", "method": "POST", "url": "/v1/responses",
+                      "body": {"model": "m", "input": items if i % 2 else text,
+                               "instructions": "Be brief.", "max_output_tokens": 6}})
+    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+
+
+def test_openai_sdk_and_cli_responses_batch(server, tmp_path):
+    from openai.types.responses import Response
+
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
+    path = tmp_path / "input.jsonl"
+    path.write_bytes(response_lines(12))
+    input_file = client.files.create(file=path.open("rb"), purpose="batch")
+
+    batch = client.batches.create(input_file_id=input_file.id, endpoint="/v1/responses",
+                                  completion_window="24h")
+    BatchGenHttpClient(server.base_url).wait_for_batch(batch.id, poll_interval=0.2,
+                                                       timeout=120)
+    finished = client.batches.retrieve(batch.id)
+    assert finished.status == "completed" and finished.endpoint == "/v1/responses"
+    lines = [json.loads(line) for line in
+             client.files.content(finished.output_file_id).read().splitlines()]
+    assert sorted(line["custom_id"] for line in lines) == sorted(f"resp-{i}" for i in range(12))
+    responses = [Response.model_validate(line["response"]["body"]) for line in lines]
+    assert all(r.object == "response" and r.id.startswith("resp_") and r.output_text
+               for r in responses)
+    assert finished.usage.input_tokens == sum(r.usage.input_tokens for r in responses)
+    assert finished.usage.output_tokens == sum(r.usage.output_tokens for r in responses) > 0
+
+    env = {**os.environ, "BATCHGEN_BASE_URL": server.base_url, "PYTHONPATH": str(ROOT)}
+    submit = subprocess.run(
+        [sys.executable, "-m", "batchgen", "submit", "input.jsonl", "-o", "output.jsonl",
+         "--endpoint", "/v1/responses", "--poll-interval", "0.2"], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=300)
+    assert submit.returncode == 0, submit.stderr
+    assert len(output_ids((tmp_path / "output.jsonl").read_bytes())) == 12

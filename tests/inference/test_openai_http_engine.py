@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from batches.endpoints import ENDPOINTS
 from inference.engines.base import EngineConfig, EngineRequest, EngineUnavailable
 from inference.engines.openai_http import OpenAIHttpEngine
 from tests.e2e.harness import wait_until
@@ -72,6 +73,52 @@ async def test_a_request_goes_to_the_servers_endpoint_under_its_model_id(stub):
     assert message == {"role": "assistant", "content": "Paris.", "reasoning_content": None,
                        "tool_calls": []}
     assert (result.prompt_tokens, result.completion_tokens) == (7, 2)
+
+
+# A Response as vLLM's server writes it (nulls and its per-turn usage lists included).
+VLLM_RESPONSE = {
+    "id": "resp_x", "object": "response", "created_at": 1, "model": MODEL, "status": "completed",
+    "output": [{"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
+                "content": [{"type": "output_text", "text": "Paris.", "annotations": [],
+                             "logprobs": None}]}],
+    "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "temperature": 0.0,
+    "top_p": 1.0, "background": False, "max_output_tokens": 5, "service_tier": "auto",
+    "truncation": "disabled", "error": None, "kv_transfer_params": None,
+    "usage": {"input_tokens": 11, "output_tokens": 2, "total_tokens": 13,
+              "input_tokens_details": {"cached_tokens": 8, "cache_write_tokens": 0,
+                                       "input_tokens_per_turn": [11]},
+              "output_tokens_details": {"reasoning_tokens": 0, "tool_output_tokens": 0,
+                                        "output_tokens_per_turn": [2]}}}
+
+
+async def test_a_responses_line_goes_to_the_servers_responses_endpoint(stub):
+    from openai.types.responses import Response
+
+    from batches.endpoints import endpoint_spec
+    from batches.params import BatchParams
+
+    stub.answer(Answer(200, VLLM_RESPONSE))
+    engine = await started(engine_for(stub))
+    body = endpoint_spec("/v1/responses").resolve_body(
+        {"model": "m", "input": "Capital of France?", "store": True},
+        BatchParams(max_decoding_length=50))
+    try:
+        result = await engine.generate(EngineRequest(
+            request_id="b-0-0-1", custom_id="a", endpoint="/v1/responses", body=body,
+            max_context_length=30))
+    finally:
+        await engine.shutdown()
+
+    [sent] = stub.posts()
+    assert sent.path == "responses" and sent.body["model"] == MODEL
+    assert sent.body["stream"] is False and sent.body["store"] is False
+    # The batch's cap lowers the output limit under its own name.
+    assert sent.body["max_output_tokens"] == 30 and "max_tokens" not in sent.body
+    assert result.error is None and result.body["model"] == "m"
+    assert (result.prompt_tokens, result.completion_tokens) == (11, 2)
+    usage = result.body["usage"]
+    assert usage["input_tokens_details"] == {"cached_tokens": 8, "cache_write_tokens": 0}
+    assert Response.model_validate(result.body).output_text == "Paris."
 
 
 async def test_a_4xx_is_the_lines_error_with_the_servers_status_and_message(stub):
@@ -293,7 +340,7 @@ def test_the_served_models_take_the_remote_context(settings, stub):
     assert (model.id, model.path, model.engine) == ("m", MODEL, "openai-http")
     assert model.max_context_length == MAX_MODEL_LEN
     # What the model does is the server's business: every endpoint goes through.
-    assert len(model.endpoints) == 3
+    assert set(model.endpoints) == set(ENDPOINTS)
 
 
 def test_the_served_models_show_no_context_while_the_server_is_down(settings, stub):

@@ -70,11 +70,12 @@ OUTPUT_FILE = "file-fuzzoutput000000000000"
 VALIDATING = "batch_fuzzvalidating0000000"
 FAILED = "batch_fuzzfailed00000000000"
 COMPLETED = "batch_fuzzcompleted00000000"
+RESPONSES = "batch_fuzzresponses00000000"  # a /v1/responses batch, running
 FRESH_FILE = "file-fresh"  # stands for a new file with no batch yet
 WEBHOOK_ENDPOINT = "we_fuzzendpoint00000000000"
 KNOWN_IDS = {
     "file_id": [INPUT_FILE, FREE_FILE, OUTPUT_FILE],
-    "batch_id": [VALIDATING, FAILED, COMPLETED],
+    "batch_id": [VALIDATING, FAILED, COMPLETED, RESPONSES],
     "endpoint_id": [WEBHOOK_ENDPOINT],
 }
 
@@ -104,6 +105,14 @@ def flatmap_body(context, body):
                          st.sampled_from([FRESH_FILE, FRESH_FILE, INPUT_FILE, OUTPUT_FILE])
                          .map(lambda file_id: {**body, "input_file_id": file_id}))
     return st.just(body)
+
+
+def response_line(custom_id: str) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/responses",
+            "body": {"model": "m", "instructions": "Be brief.",
+                     "input": [{"role": "user", "content": [{"type": "input_text",
+                                                              "text": "Hello"}]}],
+                     "text": {"format": {"type": "json_object"}}, "max_output_tokens": 8}}
 
 
 @pytest.fixture(autouse=True)
@@ -146,6 +155,11 @@ def seeded(storage, published):
                          in_progress_at=now, finalizing_at=now, completed_at=now, total=1,
                          completed=1, **common)
     (storage / "incremental" / f"{COMPLETED}.jsonl").write_bytes(b'{"custom_id": "a"}\n')
+    responses_file = _file("file-fuzzresponses000000000", FilePurpose.BATCH,
+                           jsonl([response_line("a")]), storage)
+    Batch.objects.create(id=RESPONSES, status=BatchStatus.IN_PROGRESS, in_progress_at=now,
+                         total=1, **{**common, "endpoint": "/v1/responses",
+                                     "input_file": responses_file})
     WebhookEndpoint.objects.create(id=WEBHOOK_ENDPOINT, url="http://127.0.0.1:9/hook",
                                    secret=new_secret())
     Worker.objects.create(name="fuzz-worker", hostname="h", pid=1, engine="simulated",
@@ -165,7 +179,10 @@ def no_webhook_traffic(monkeypatch):
           deadline=None)
 def test_every_answer_is_declared_and_none_is_a_server_error(case, storage):
     if isinstance(case.body, dict) and case.body.get("input_file_id") == FRESH_FILE:
+        # A line of the batch's endpoint: a /v1/responses batch gets a Response body.
+        fresh = (response_line("a") if case.body.get("endpoint") == "/v1/responses"
+                 else chat_line("a"))
         case.body["input_file_id"] = _file(new_id("file-"), FilePurpose.BATCH,
-                                           jsonl([chat_line("a")]), storage).id
+                                           jsonl([fresh]), storage).id
     case.call_and_validate(checks=CHECKS)
 
