@@ -4,6 +4,7 @@ periodically by the control worker and by `manage.py recover`."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -15,6 +16,7 @@ from batches.chunks import OPEN_CHUNKS, chunks_requeue_expired
 from batches.dispatch import chunk_model, publish_chunks, send_validate
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
 from batches.services import batch_fail, batch_finalize
+from batchgen_site.outage import BROKER, dependency_down, outage_began, outage_ended
 from batchgen_site.transient import retry_transient
 from files import storage
 from files.incremental import repair_tail
@@ -110,6 +112,9 @@ def validation_restart(*, batch_id: str) -> bool:
 
 # A dispatched chunk still unclaimed this long after its publish may have been lost.
 LOST_AFTER = timedelta(seconds=30)
+# The chunks the live inference workers say they hold, prefetched ones included: the
+# inference app's business, so it sets this at start-up (batches never imports it).
+held_source: Callable[[], set[int]] = set
 
 
 def inference_queue_length(model: str) -> int | None:
@@ -120,25 +125,39 @@ def inference_queue_length(model: str) -> int | None:
 
     try:
         with app.connection_for_write() as connection:
-            return connection.default_channel.queue_declare(
+            length = connection.default_channel.queue_declare(
                 queue=inference_queue(model), passive=True).message_count
     except ChannelError:
         return 0  # the queue itself is gone: a broker that came back empty
-    except Exception:
-        logger.exception("cannot read the inference queue's length")
+    except Exception as exc:
+        if isinstance(exc, OSError) or dependency_down(exc) == BROKER:
+            outage_began(BROKER, exc)  # said once; recovery's next run asks again
+        else:
+            logger.exception("cannot read the inference queue's length")
         return None
+    outage_ended(BROKER)
+    return length
 
 
 def chunks_lost_by_broker(already: list) -> list:
     """Queued chunks published a while ago that the broker no longer holds (it lost
     them in a restart without persistence). Published again; a duplicate message is
-    harmless because a claim is a conditional update."""
+    harmless because a claim is a conditional update.
+
+    A chunk a busy worker has prefetched (taken from the broker, not yet started) is
+    not in the broker's queue either, but it is not lost: the worker's heartbeat
+    names it (Worker.held_chunks), so it is counted as present and not published
+    again."""
     ids = {ref[1] for ref in already}
+    held = None
     by_model: dict[str, list] = {}
     for batch_id, chunk_id, index, model in Chunk.objects.filter(
             status=ChunkStatus.QUEUED, published_at__lt=timezone.now() - LOST_AFTER,
     ).exclude(id__in=ids).values_list("batch_id", "id", "index", "model"):
-        by_model.setdefault(chunk_model(model), []).append((batch_id, chunk_id, index))
+        if held is None:  # read only when some chunk waits long enough to ask
+            held = held_source()
+        if chunk_id not in held:
+            by_model.setdefault(chunk_model(model), []).append((batch_id, chunk_id, index))
     lost = []
     for model, stale in by_model.items():  # each model's queue holds its own chunks
         length = inference_queue_length(model)

@@ -13,7 +13,7 @@ from batches import availability, dispatch, recovery, services
 # Validation streams the whole input once: a million lines take seconds, a 10 GiB
 # file minutes; the limit only stops a runaway.
 @shared_task(name="batches.validate_batch", acks_late=True,
-             reject_on_worker_lost=True, time_limit=3 * 3600)
+             reject_on_worker_lost=True, retry_in_outage=True, time_limit=3 * 3600)
 def validate_batch(batch_id: str) -> str:
     return services.batch_validate(batch_id=batch_id).status
 
@@ -21,7 +21,7 @@ def validate_batch(batch_id: str) -> str:
 # Finalization reads the output file once for its checksum and exact usage: 2.4 s
 # for a million 785-byte lines (0.4 s of it the hash), measured.
 @shared_task(name="batches.finalize_batch", acks_late=True,
-             reject_on_worker_lost=True, time_limit=3600)
+             reject_on_worker_lost=True, retry_in_outage=True, time_limit=3600)
 def finalize_batch(batch_id: str) -> str:
     return services.batch_finalize(batch_id=batch_id).status
 

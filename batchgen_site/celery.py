@@ -49,7 +49,10 @@ class BatchGenAMQP(AMQP):
     Connection = QuickReconnect
 
 
-app = Celery("batchgen", amqp=BatchGenAMQP)
+# Every task's base: an outage of the database or the broker skips a task quietly
+# (said once per process), it does not log a traceback at every tick.
+app = Celery("batchgen", amqp=BatchGenAMQP,
+             task_cls="batchgen_site.outage:OutageTolerantTask")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 # RabbitMQ confirms each publish (batchgen_site.publishing): a message written into
 # a connection the broker already dropped raises instead of vanishing. Redis's

@@ -65,6 +65,9 @@ class QuotaExceeded(CapacityFull):
     code = "quota_exceeded"
 
 
+SQLITE_FULL = 13  # sqlite3.SQLITE_FULL
+
+
 class StorageFull(BatchGenError):
     status_code = status.HTTP_507_INSUFFICIENT_STORAGE
     error_type = "server_error"
@@ -72,8 +75,14 @@ class StorageFull(BatchGenError):
 
 
 def is_storage_full(error: BaseException) -> bool:
-    """Whether an OSError means the volume (or the user's quota) has no room."""
-    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+    """Whether an OSError means the volume (or the user's quota) has no room, or the
+    database says its own volume has none: SQLite's SQLITE_FULL (its file lives on the
+    storage path by default), PostgreSQL's disk_full (53100)."""
+    if isinstance(error, OSError):
+        return error.errno in (errno.ENOSPC, errno.EDQUOT)
+    cause = error.__cause__
+    return (getattr(cause, "sqlite_errorcode", None) == SQLITE_FULL
+            or (getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)) == "53100")
 
 
 def checked_id(value: str, *, kind: str, param: str) -> str:
@@ -119,11 +128,15 @@ def _first_error(detail, prefix: str | None = None) -> tuple[str, str | None, st
 
 
 def openai_exception_handler(exc, context) -> Response:
+    from batchgen_site.outage import DATABASE, dependency_down, outage_began
     from batchgen_site.transient import DatabaseBusy, is_transient
 
     if isinstance(exc, DatabaseBusy) or is_transient(exc):
         # Retried already (batchgen_site.transient); the client may safely try again.
-        logger.warning("database busy in %s: %s", context.get("view"), exc)
+        if dependency_down(exc) == DATABASE:
+            outage_began(DATABASE, exc)  # an outage: said once, not at every request
+        else:
+            logger.warning("database busy in %s: %s", context.get("view"), exc)
         response = Response(envelope(
             "The server's database is busy; nothing was changed. Retry shortly.",
             error_type="server_error", code="database_busy"), status=503)

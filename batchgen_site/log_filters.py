@@ -146,3 +146,23 @@ class BrokerOutageOnce(logging.Filter):
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         return self.show
 
+
+
+class DependencyOutageOnce(logging.Filter):
+    """Django logs a robust `on_commit` callback that raised at ERROR, with its
+    traceback. When what it raised is a dependency's outage (the database or the
+    broker unreachable: batchgen_site.outage), the record is dropped and the outage
+    said once instead; recovery and the ticks cover what the callback did not do.
+    Any other error is logged as before."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if error is None:
+            return True
+        from batchgen_site.outage import dependency_down, outage_began
+
+        dependency = dependency_down(error)
+        if dependency is None:
+            return True
+        outage_began(dependency, error)
+        return False

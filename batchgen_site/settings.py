@@ -249,6 +249,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 else:
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=60))
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    # libpq waits for a host that drops packets as long as TCP retries (minutes):
+    # /health and every retry would hang that long in an outage. DATABASE_URL's
+    # `?connect_timeout=` overrides it.
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -337,6 +341,8 @@ LOGGING = {
                 "routine_ticks_at_debug": {
                     "()": "batchgen_site.log_filters.RoutineTicksAtDebug",
                     "tasks": ROUTINE_TICK_TASKS, "show": LOG_LEVEL == "DEBUG"},
+                "dependency_outage_once": {
+                    "()": "batchgen_site.log_filters.DependencyOutageOnce"},
                 "broker_outage_once": {
                     "()": "batchgen_site.log_filters.BrokerOutageOnce",
                     "show": LOG_LEVEL == "DEBUG"}},
@@ -345,6 +351,8 @@ LOGGING = {
                                          "routine_ticks_at_debug", "broker_outage_once"]}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.db.backends": {"level": "WARNING"},
+                # A robust on_commit callback that failed: an outage is said once.
+                "django.db.backends.base": {"filters": ["dependency_outage_once"]},
                 # One INFO line per request would flood the log of a worker whose
                 # engine is a remote server (the openai-http engine logs what matters).
                 "httpx": {"level": "WARNING"}},

@@ -8,7 +8,8 @@ services that open transactions are wrapped in `retry_transient`: bounded attemp
 with jittered exponential backoff (so workers that collided do not collide again in
 step), then the error is raised as `DatabaseBusy`, which the API answers 503 with
 `Retry-After` (never a 500) and a Celery task simply raises for its caller's
-recovery to cover.
+recovery to cover. A lost connection is an outage, not contention: its retries are
+logged at DEBUG and the outage once (batchgen_site.outage).
 
 Only the outermost transaction is retried: inside an atomic block the connection is
 already in a failed transaction, so a nested call lets the error through to the
@@ -33,33 +34,63 @@ WAIT_MAX = 1.0
 # (admin shutdown, cannot connect now), insufficient resources (too many connections).
 TRANSIENT_SQLSTATES = ("40001", "40P01", "55P03", "57P01", "57P02", "57P03", "53300")
 TRANSIENT_CLASSES = ("08",)
+# Of those, the ones that say the server is gone (not busy): an outage, said once
+# per process by batchgen_site.outage rather than at every retry.
+CONNECTION_LOST_SQLSTATES = ("57P01", "57P02", "57P03")
 
 
 class DatabaseBusy(Exception):
     """A transient database error outlived its retries."""
 
 
+def _sqlstate(error: BaseException) -> str | None:
+    cause = error.__cause__
+    return getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+
+
 def is_transient(error: BaseException) -> bool:
     if not isinstance(error, OperationalError | InterfaceError):
         return False
-    cause = error.__cause__
-    sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    sqlstate = _sqlstate(error)
     if sqlstate:
         return sqlstate in TRANSIENT_SQLSTATES or sqlstate.startswith(TRANSIENT_CLASSES)
     if isinstance(error, InterfaceError):
         return True  # the connection is closed or unusable: a new one may work
     # SQLite's busy timeout, or a PostgreSQL connection that failed without a SQLSTATE.
     text = str(error).lower()
-    return "database is locked" in text or "connection" in text or "server closed" in text
+    return "database is locked" in text or is_connection_lost(error)
+
+
+def is_connection_lost(error: BaseException) -> bool:
+    """Whether `error` says the database cannot be reached (refused, dropped, shut
+    down), as opposed to busy (a deadlock, a lock, SQLite's busy timeout)."""
+    if not isinstance(error, OperationalError | InterfaceError):
+        return False
+    sqlstate = _sqlstate(error)
+    if sqlstate:
+        return sqlstate in CONNECTION_LOST_SQLSTATES or sqlstate.startswith(TRANSIENT_CLASSES)
+    if isinstance(error, InterfaceError):
+        return True
+    text = str(error).lower()
+    return "connection" in text or "server closed" in text
 
 
 def _before_retry(state: tenacity.RetryCallState) -> None:
     error = state.outcome.exception()
     # A broken connection is closed here, so the next attempt opens a new one.
     connection.close_if_unusable_or_obsolete()
-    logger.warning("transient database error in %s (attempt %s of %s), retrying: %s",
-                   getattr(state.fn, "__qualname__", state.fn), state.attempt_number,
-                   ATTEMPTS, str(error).splitlines()[0] if str(error) else type(error).__name__)
+    message = str(error).splitlines()[0] if str(error) else type(error).__name__
+    if is_connection_lost(error):
+        # An outage: said once per process, not at every attempt of every call.
+        from batchgen_site.outage import DATABASE, outage_began
+
+        outage_began(DATABASE, error)
+        level = logging.DEBUG
+    else:
+        level = logging.WARNING
+    logger.log(level, "transient database error in %s (attempt %s of %s), retrying: %s",
+               getattr(state.fn, "__qualname__", state.fn), state.attempt_number,
+               ATTEMPTS, message)
 
 
 _retrying = tenacity.Retrying(

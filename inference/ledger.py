@@ -100,6 +100,11 @@ class ChunkLedger:
     def held(self) -> int:
         return len(self._held)
 
+    @property
+    def held_ids(self) -> frozenset[int]:
+        with self._lock:
+            return frozenset(self._held)
+
     def wait_until_empty(self, timeout: float) -> bool:
         """Until every chunk held was closed, released or lost (and flushed)."""
         return self._empty.wait(timeout)

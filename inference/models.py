@@ -27,6 +27,10 @@ class Worker(models.Model):
     # Why it cannot write results now (the storage volume full), or empty: shown
     # by /health and /v1/pool/status while its chunks wait for room.
     storage_error = models.TextField(blank=True, default="")
+    # The chunks it holds, as of its heartbeat: claimed and running, and queued ones
+    # whose message it has taken from the broker but not started (prefetched).
+    # Recovery counts these as present, not lost by the broker (batches.recovery).
+    held_chunks = models.JSONField(default=list, blank=True)
 
     def __str__(self) -> str:
         return self.name

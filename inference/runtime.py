@@ -41,6 +41,7 @@ from batches.endpoints import endpoint_spec
 from batches.usage import Usage
 from batches.validation import read_chunk
 from batchgen_site.errors import is_storage_full
+from batchgen_site.outage import dependency_down, outage_began
 from batchgen_site.publishing import publish
 from batchgen_site.supervisor import TERMINATION_LOG_ENV
 from files.incremental import append_lines, scan_results
@@ -68,6 +69,8 @@ PROGRESS_INTERVAL = 0.5  # seconds a chunk thread waits for results before it lo
 STORAGE_RETRY_FIRST = 1.0
 STORAGE_RETRY_MAX = 30.0
 STOP_DRAIN_SECONDS = 30.0  # at stop, the longest wait for chunks to be handed back
+# While the database is unreachable, a chunk's claim is tried again this often.
+CLAIM_RETRY_SECONDS = 1.0
 _CANCELLED = object()
 _WAKE = object()  # put in a chunk's result queue: room was freed, it may be its turn
 
@@ -253,14 +256,28 @@ class InferenceRuntime:
             token_budget=self.slots.token_budget,
             ready=self.ready.is_set() and self.failed is None and not self.draining.is_set(),
             completed=self.completed, failed=self.failed_requests, tokens=self.tokens,
-            storage_error=self.storage_error,
+            storage_error=self.storage_error, held_chunks=self.held_chunk_ids(),
         )
+
+    def held_chunk_ids(self) -> list[int]:
+        """The chunks this worker holds: those claimed (the ledger's) and those whose
+        message Celery took from the broker but has not started, prefetched while every
+        chunk thread is busy. The broker no longer counts the latter in its queue."""
+        from celery.worker import state
+
+        held = set(self.ledger.held_ids)
+        for request in list(state.reserved_requests):
+            if request.type == "inference.run_chunk" and len(request.args) == 2:
+                held.add(int(request.args[1]))
+        return sorted(held)
 
     def _flush_once(self) -> None:
         try:
             self.ledger.flush()
-        except Exception:
-            logger.exception("flushing chunk progress failed; it is kept for the next flush")
+        except Exception as exc:
+            if not _outage(exc):
+                logger.exception("flushing chunk progress failed; it is kept for the next "
+                                 "flush")
 
     def _flush_forever(self) -> None:
         """Flush when a chunk thread waits on it, when there is progress and the
@@ -278,10 +295,14 @@ class InferenceRuntime:
                 last_flush = now
             if beat:
                 heartbeat_due = now + settings.BATCHGEN_HEARTBEAT_SECONDS
-                try:
-                    self._heartbeat_once()
-                except Exception:
-                    logger.exception("heartbeat failed; retrying")
+                self._beat()
+
+    def _beat(self) -> None:
+        try:
+            self._heartbeat_once()
+        except Exception as exc:
+            if not _outage(exc):
+                logger.exception("heartbeat failed; retrying")
 
     # --- running a chunk ------------------------------------------------------------------
 
@@ -292,7 +313,7 @@ class InferenceRuntime:
         if self.draining.is_set():
             # Not claimed: the message goes back to the broker for another worker.
             raise Reject("inference worker stopping", requeue=True)
-        work = self.database.claim(chunk_id)
+        work = self._claim(chunk_id)
         if work is None:
             return "not claimed"
         self.ledger.hold(work.chunk_id)
@@ -312,6 +333,19 @@ class InferenceRuntime:
         return (f"chunk {work.batch_id}#{work.index} on {self.name} for model "
                 f"{self.config.served_model_name}: {status or 'lost'}, {run.completed} "
                 f"completed, {run.failed} failed")
+
+    def _claim(self, chunk_id: int) -> ChunkWork | None:
+        """Claim the chunk, waiting out a database outage: the message stays with this
+        worker (not acked, so not lost), and nothing could run without the database
+        anyway. A worker that stops meanwhile hands the message back."""
+        while True:
+            try:
+                return self.database.claim(chunk_id)
+            except Exception as exc:
+                if not _outage(exc):
+                    raise
+            if self.draining.wait(CLAIM_RETRY_SECONDS) or self.failed is not None:
+                raise Reject("inference worker stopping", requeue=True)
 
     def _run_chunk(self, work: ChunkWork) -> ChunkRun:
         requests = read_chunk(Path(work.input_path), start=work.start_offset,
@@ -515,6 +549,15 @@ class InferenceRuntime:
         finally:
             self.slots.release(cost=cost)
         results.put((request.custom_id, result))
+
+
+def _outage(error: BaseException) -> bool:
+    """Whether `error` is a dependency's outage (said once by batchgen_site.outage),
+    not a failure to log on its own."""
+    dependency = dependency_down(error)
+    if dependency is not None:
+        outage_began(dependency, error)
+    return dependency is not None
 
 
 _runtime: InferenceRuntime | None = None

@@ -20,8 +20,10 @@ logger = logging.getLogger("batchgen.inference")
 @retry_transient
 def worker_heartbeat(*, name: str, hostname: str, engine: str, model: str, capacity: int,
                      active: int, tokens_active: int, token_budget: int | None, ready: bool,
-                     completed: int, failed: int, tokens: int, storage_error: str = "") -> None:
-    """Record a worker's liveness, slots and counters (its own row only)."""
+                     completed: int, failed: int, tokens: int, storage_error: str = "",
+                     held_chunks: list[int] | None = None) -> None:
+    """Record a worker's liveness, slots and counters, and the chunks it holds (its
+    own row only)."""
     Worker.objects.update_or_create(
         name=name,
         defaults={"hostname": hostname, "pid": os.getpid(), "engine": engine, "model": model,
@@ -29,6 +31,7 @@ def worker_heartbeat(*, name: str, hostname: str, engine: str, model: str, capac
                   "tokens_active": tokens_active, "token_budget": token_budget,
                   "requests_completed": completed, "requests_failed": failed,
                   "tokens_generated": tokens, "storage_error": storage_error,
+                  "held_chunks": sorted(held_chunks or ()),
                   "heartbeat_at": timezone.now(), "stopped_at": None},
     )
 

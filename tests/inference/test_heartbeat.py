@@ -1,0 +1,60 @@
+"""The worker's heartbeat names the chunks it holds, claimed or only prefetched, so
+recovery can tell them from chunks the broker lost (batches.recovery, issue 26); and
+a database outage is said once, not as an ERROR at every flush and heartbeat."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from celery.worker import state
+from django.db import OperationalError
+
+from batchgen_site import outage
+from inference.models import Worker
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class Prefetched:
+    """A run_chunk message Celery took from the broker and holds for a free thread
+    (celery.worker.request.Request: `type` is the task's name, `name` its shadow)."""
+
+    type = "inference.run_chunk"
+    name = "chunk batch_x#3"
+    args = ("batch_x", 4242)
+
+
+def test_the_heartbeat_names_claimed_and_prefetched_chunks(runtime_factory):
+    runtime = runtime_factory()
+    prefetched = Prefetched()
+    state.reserved_requests.add(prefetched)
+    runtime.ledger.hold(17)  # claimed and running
+    try:
+        runtime._heartbeat_once()
+    finally:
+        state.reserved_requests.discard(prefetched)
+        runtime.ledger.drop(17)
+
+    assert Worker.objects.get(name=runtime.name).held_chunks == [17, 4242]
+
+
+def test_flushes_and_heartbeats_in_a_database_outage_say_it_once(runtime_factory, monkeypatch,
+                                                                 caplog):
+    runtime = runtime_factory()
+    monkeypatch.setattr(outage, "_down", {})
+
+    def unreachable(**kwargs):
+        raise OperationalError("connection failed: Connection refused")
+
+    monkeypatch.setattr(runtime.ledger, "_flush", unreachable)
+    monkeypatch.setattr(runtime.database, "heartbeat", unreachable)
+    runtime.ledger.hold(17)
+    with caplog.at_level(logging.INFO):
+        for _ in range(5):
+            runtime._flush_once()
+            runtime._beat()
+    runtime.ledger.drop(17)
+
+    assert [(r.name, r.levelname) for r in caplog.records if r.levelno >= logging.WARNING] \
+        == [("batchgen.outage", "WARNING")]
