@@ -78,6 +78,9 @@ def _is_broker_fault(record: logging.LogRecord) -> bool:
     if record.name == "celery.beat":
         return message.startswith(("beat: Connection error", "Message Error")) and (
             record.exc_info is None or _connection_error(record.exc_info[1]))
+    if record.name == "celery.worker.loops":  # closing the dropped connection's loop
+        return message.startswith("Error cleaning up after") and _connection_error(
+            record.exc_info[1] if record.exc_info else None)
     return False
 
 
@@ -145,7 +148,6 @@ class BrokerOutageOnce(logging.Filter):
             return True
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         return self.show
-
 
 
 class DependencyOutageOnce(logging.Filter):

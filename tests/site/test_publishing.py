@@ -118,9 +118,11 @@ def test_a_broker_outage_is_one_warning_and_the_return_resets_it():
     beat = record("celery.beat", logging.ERROR, "Message Error: %s\n%s", "Couldn't apply",
                   "stack", exc=refused)
     held = record("batchgen.broker", logging.WARNING, "the broker did not take a message")
+    loop = record("celery.worker.loops", logging.ERROR, "Error cleaning up after event loop: %r",
+                  refused, exc=refused)
 
     assert outage.filter(lost) and lost.levelname == "WARNING"
-    for later in (cannot, beat, held):
+    for later in (cannot, beat, held, loop):
         assert not outage.filter(later) and later.levelname == "DEBUG"
         assert later.exc_info is None
 
