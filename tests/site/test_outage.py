@@ -11,7 +11,7 @@ import logging
 import psycopg.errors
 import pytest
 from celery.exceptions import Retry
-from django.db import IntegrityError, OperationalError, connection
+from django.db import IntegrityError, OperationalError, connection, transaction
 from kombu.exceptions import OperationalError as BrokerError
 
 from batchgen_site import outage, transient
@@ -107,6 +107,21 @@ def test_a_deadlock_retry_still_warns(caplog):
         service()
 
     assert [r.name for r in caplog.records] == ["batchgen.db"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_on_commit_callback_cut_off_by_an_outage_is_said_once_not_as_an_error(caplog):
+    # Django logs a robust on_commit callback that raised at ERROR, with a traceback.
+    def publish():
+        raise busy_from(REFUSED)
+
+    with caplog.at_level(logging.INFO):
+        for _ in range(3):
+            with transaction.atomic():
+                transaction.on_commit(publish, robust=True)
+
+    assert [(r.name, r.levelname) for r in caplog.records if r.levelno >= logging.WARNING] \
+        == [("batchgen.outage", "WARNING")]
 
 
 def test_a_periodic_task_skips_an_outage_quietly(monkeypatch, caplog):
