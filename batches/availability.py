@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from django.conf import settings
@@ -49,12 +50,15 @@ def _failed_message(models: list[str]) -> str:
             "so far are kept. The server's log and /health say why the model does not run.")
 
 
+# The served models that have no inference worker with its engine ready: the inference
+# app's business, so it sets this at start-up (batches never imports it).
+unavailable_source: Callable[[], list[str]] = list
+
+
 def batches_waiting_for_models() -> dict[str, list[str]]:
     """Running batches with open chunks of a model that has no ready worker: batch
     id -> those models."""
-    from inference.selectors import models_without_ready_worker
-
-    unavailable = models_without_ready_worker()
+    unavailable = unavailable_source()
     if not unavailable:
         return {}
     names = set(unavailable) | {""}  # blank: chunks of the default model

@@ -6,10 +6,14 @@ class InferenceConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from batches import dispatch, recovery
+        from batches import availability, dispatch, recovery
         from inference import signals  # noqa: F401 - connects the worker hooks
         from inference.model_info import served_models
-        from inference.selectors import chunks_held_by_live_workers, dispatch_window
+        from inference.selectors import (
+            chunks_held_by_live_workers,
+            dispatch_window,
+            models_without_ready_worker,
+        )
 
         # The dispatcher asks the SchedulingPool how many chunks each model's workers
         # can hold, and the model registry which models are served.
@@ -17,3 +21,5 @@ class InferenceConfig(AppConfig):
         dispatch.models_source = lambda: [model.id for model in served_models()]
         # Recovery asks which chunks the live workers hold (prefetched ones too).
         recovery.held_source = chunks_held_by_live_workers
+        # The model watch asks which served models have no ready worker.
+        availability.unavailable_source = models_without_ready_worker
