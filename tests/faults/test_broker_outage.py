@@ -18,6 +18,7 @@ import time
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+import pytest
 
 from tests import services
 from tests.e2e.harness import chat_lines, wait_until
@@ -25,6 +26,9 @@ from tests.faults.faults import assert_each_custom_id_once, request_ids
 from tests.faults.tcp_proxy import TcpProxy
 from tests.fleet.conftest import fleet_backends, start_fleet  # noqa: F401 - fixtures
 from tests.fleet.fleet import error_lines
+
+# Real processes on PostgreSQL + RabbitMQ: `-m "not e2e"` skips it with the fleet tests.
+pytestmark = [pytest.mark.e2e, pytest.mark.fleet]
 
 RUNNING, CREATED = 2_000, 100
 OUTAGE_SECONDS = 6
