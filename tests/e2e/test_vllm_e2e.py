@@ -1,17 +1,35 @@
-"""The real vLLM engine with the bundled SmolLM2-135M-Instruct, end to end."""
+"""The real vLLM engine with the bundled SmolLM2-135M-Instruct, end to end: chat and
+completions, and /v1/responses batches, on one server for the module (a vLLM start
+costs minutes on a CPU)."""
 
 from __future__ import annotations
 
 import json
 import os
 
+import jsonschema
 import psutil
 import pytest
+from openai.types.responses import Response
 
 from batchgen_site.cpu_placement import SERVICE_NICENESS
-from tests.e2e.harness import wait_until
+from tests.e2e.harness import Api, Server, server_env, wait_until
 
 pytestmark = pytest.mark.vllm
+MODEL = "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory, model_dir):
+    storage = tmp_path_factory.mktemp("vllm") / "storage"
+    server = Server(storage=storage, env=server_env(
+        storage=storage, engine="vllm", BATCHGEN_MODEL=str(model_dir),
+        BATCHGEN_MAX_CONTEXT_LENGTH="512", BATCHGEN_MAX_POOL_SIZE="64"))
+    try:
+        server.start(ready_timeout=600)
+        yield server, Api(server.base_url)
+    finally:
+        server.stop()
 
 QUESTIONS = ["What is the capital of France?", "Name a primary colour.", "What is 2 + 2?"]
 
@@ -35,13 +53,16 @@ def completion_input() -> bytes:
         + b"\n" for i, p in enumerate(prompts))
 
 
-def run_batch(api, content: bytes, endpoint: str) -> dict[str, dict]:
+def run_batch(api, content: bytes, endpoint: str, *,
+              status: str = "completed") -> tuple[dict[str, dict], dict]:
     file_id = api.upload(content)["id"]
     created = api.create_batch(file_id, endpoint=endpoint)
     assert created.status_code == 200, created.text
     done = api.wait_status(created.json()["id"], {"completed", "failed", "cancelled"},
                            timeout=600)
-    assert done["status"] == "completed", done
+    assert done["status"] == status, done
+    if status != "completed":
+        return {}, done
     lines = [json.loads(line) for line in api.content(done["output_file_id"]).splitlines()]
     return {line["custom_id"]: line for line in lines}, done
 
@@ -89,9 +110,8 @@ def niceness(server) -> dict[str, set[int]]:
     return found
 
 
-def test_real_engine_chat_and_completions(start_server, model_dir):
-    server, api = start_server(engine="vllm", ready_timeout=300, BATCHGEN_MODEL=str(model_dir),
-                               BATCHGEN_MAX_CONTEXT_LENGTH="512", BATCHGEN_MAX_POOL_SIZE="64")
+def test_real_engine_chat_and_completions(vllm_server):
+    server, api = vllm_server
     wait_until(lambda: api.http.get("/v1/models").json()["data"], timeout=30)
     model = api.http.get("/v1/models").json()["data"][0]
     assert model["id"] == "SmolLM2-135M-Instruct" and model["max_context_length"] == 512
@@ -155,3 +175,100 @@ def test_real_engine_chat_and_completions(start_server, model_dir):
         assert niceness(server)["inference"] == {os.getpriority(os.PRIO_PROCESS, 0)}
     else:
         assert cpu_layout(server)["others"] == {frozenset(os.sched_getaffinity(0))}
+
+
+# --- /v1/responses -----------------------------------------------------------------------
+
+ANSWER = {"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+          "required": ["answer"], "additionalProperties": False}
+JSON_FORMAT = {"format": {"type": "json_schema", "name": "answer", "schema": ANSWER,
+                          "strict": True}}
+
+
+def response_line(i: int) -> dict:
+    """Four kinds in turn: a string input with instructions, an item list (developer
+    and user messages with content parts), and each of them under a json_schema
+    format. Outputs stay short: a CPU runs this whole batch."""
+    question = f"Is {i} an even number?"
+    kind = i % 4
+    body: dict = {"model": MODEL, "max_output_tokens": 12}
+    if kind in (0, 2):
+        body.update(input=question, instructions="Answer yes or no.")
+    else:
+        body["input"] = [
+            {"role": "developer", "content": "Answer yes or no."},
+            {"type": "message", "role": "user",
+             "content": [{"type": "input_text", "text": question}]}]
+    if kind >= 2:
+        body["text"] = JSON_FORMAT
+    return {"custom_id": f"resp-{i}", "method": "POST", "url": "/v1/responses", "body": body}
+
+
+def comparison_lines(url: str) -> bytes:
+    """The chat test's questions at temperature 0, as chat or as responses lines."""
+    lines = []
+    for i, question in enumerate(QUESTIONS):
+        body = {"model": MODEL, "temperature": 0}
+        if url == "/v1/responses":
+            body.update(input=question, max_output_tokens=24)
+        else:
+            body.update(messages=[{"role": "user", "content": question}], max_tokens=24)
+        lines.append({"custom_id": f"same-{i}", "method": "POST", "url": url, "body": body})
+    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+
+
+def jsonl_of(lines: list[dict]) -> bytes:
+    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+
+
+def test_real_engine_responses_batch(vllm_server):
+    _, api = vllm_server
+    lines = [response_line(i) for i in range(200)]
+    # A few invalid lines: the batch fails at validation, each refused with its code.
+    bad = {5: ({"stream": True}, "unsupported_parameter", "body.stream"),
+           60: ({"previous_response_id": "resp_earlier"}, "unsupported_parameter",
+                "body.previous_response_id"),
+           120: ({"tools": [{"type": "web_search"}]}, "unsupported_parameter",
+                 "body.tools[0].type"),
+           150: ({"text": {"format": {"type": "json_schema", "name": "a"}}}, "invalid_body",
+                 "body.text.format.schema")}
+    with_bad = list(lines)
+    for position, (fields, _, _) in sorted(bad.items()):
+        with_bad.insert(position, {"custom_id": f"bad-{position}", "method": "POST",
+                                   "url": "/v1/responses",
+                                   "body": {**response_line(position)["body"], **fields}})
+    _, failed = run_batch(api, jsonl_of(with_bad), "/v1/responses", status="failed")
+    assert failed["error"]["code"] == "invalid_input"
+    assert [(e["code"], e["line"], e["param"]) for e in failed["errors"]["data"]] == [
+        (code, position + 1, param) for position, (_, code, param) in sorted(bad.items())]
+
+    outputs, batch = run_batch(api, jsonl_of(lines), "/v1/responses")
+    assert batch["request_counts"] == {"total": 200, "completed": 200, "failed": 0}
+    assert sorted(outputs) == sorted(f"resp-{i}" for i in range(200))  # each exactly once
+    responses = {}
+    for custom_id, line in outputs.items():
+        assert line["error"] is None and line["response"]["status_code"] == 200
+        response = Response.model_validate(line["response"]["body"])
+        assert response.object == "response" and response.id.startswith("resp_")
+        assert response.model == MODEL and response.status in ("completed", "incomplete")
+        assert response.output_text.strip(), custom_id
+        assert 0 < response.usage.output_tokens <= 12
+        responses[custom_id] = response
+    for i in range(2, 200, 4):  # every json_schema output parses and validates
+        for j in (i, i + 1):
+            jsonschema.validate(json.loads(responses[f"resp-{j}"].output_text), ANSWER)
+    assert responses["resp-0"].instructions == "Answer yes or no."
+    usage = batch["usage"]
+    assert usage["input_tokens"] == sum(r.usage.input_tokens for r in responses.values())
+    assert usage["output_tokens"] == sum(r.usage.output_tokens for r in responses.values())
+    assert usage["input_tokens_details"]["cached_tokens"] == sum(
+        r.usage.input_tokens_details.cached_tokens for r in responses.values())
+
+    # The same prompts at temperature 0: the same text through either endpoint.
+    chat, _ = run_batch(api, comparison_lines("/v1/chat/completions"), "/v1/chat/completions")
+    same, _ = run_batch(api, comparison_lines("/v1/responses"), "/v1/responses")
+    for i in range(len(QUESTIONS)):
+        text = Response.model_validate(same[f"same-{i}"]["response"]["body"]).output_text
+        assert text == chat[f"same-{i}"]["response"]["body"]["choices"][0]["message"][
+            "content"]
+        assert text.strip()
