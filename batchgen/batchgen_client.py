@@ -18,10 +18,11 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -49,6 +50,7 @@ from batchgen.errors import (
     WaitTimeoutError,
     error_from_response,
 )
+from batchgen.resources import Batches, Files, Models, Pool, WebhookEndpoints
 
 __all__ = [
     "BatchGenHttpClient",
@@ -122,19 +124,40 @@ class BatchGenHttpClient:
             timeout = httpx.Timeout(timeout_s)
         self._http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout)
 
+    # -- typed resources (batchgen.resources): typed objects, cursor pages ---------------
+
+    @cached_property
+    def files(self) -> Files:
+        return Files(self)
+
+    @cached_property
+    def batches(self) -> Batches:
+        return Batches(self)
+
+    @cached_property
+    def models(self) -> Models:
+        return Models(self)
+
+    @cached_property
+    def pool(self) -> Pool:
+        return Pool(self)
+
+    @cached_property
+    def webhook_endpoints(self) -> WebhookEndpoints:
+        return WebhookEndpoints(self)
+
     # -- files -------------------------------------------------------------------------
 
-    def upload_file(self, path: PathLike, purpose: str = "batch", *,
+    def upload_file(self, path: PathLike | IO[bytes], purpose: str = "batch", *,
                     expires_after_seconds: int | None = None) -> dict:
         """Upload a JSONL file (streamed from disk) and return the File object.
+        `path` may also be an open binary file (sent from where it stands).
         `expires_after_seconds`: the file expires that long after its upload (OpenAI's
         `expires_after` anchored at `created_at`), instead of the server's default."""
+        if hasattr(path, "read"):
+            return self._upload_stream(path, purpose, expires_after_seconds)
         path = Path(path)
-        fields = {"purpose": purpose}
-        if expires_after_seconds is not None:
-            # The form fields the openai SDK sends for a nested object.
-            fields["expires_after[anchor]"] = "created_at"
-            fields["expires_after[seconds]"] = str(expires_after_seconds)
+        fields = _upload_fields(purpose, expires_after_seconds)
 
         def attempt() -> httpx.Response:
             # Reopened on every attempt so a retried upload sends the whole file.
@@ -144,6 +167,20 @@ class BatchGenHttpClient:
                     data=fields,
                     files={"file": (path.name, fh, "application/jsonl")},
                 )
+
+        return _json_of(self._send(attempt))
+
+    def _upload_stream(self, fh: IO[bytes], purpose: str,
+                       expires_after_seconds: int | None) -> dict:
+        fields = _upload_fields(purpose, expires_after_seconds)
+        start = fh.tell() if fh.seekable() else None
+        name = Path(getattr(fh, "name", None) or "input.jsonl").name
+
+        def attempt() -> httpx.Response:
+            if start is not None:  # a retried upload sends the whole file again
+                fh.seek(start)
+            return self._http.post("/v1/files", data=fields,
+                                   files={"file": (name, fh, "application/jsonl")})
 
         return _json_of(self._send(attempt))
 
@@ -416,6 +453,9 @@ class BatchGenHttpClient:
     def list_models(self) -> dict:
         return self._json("GET", "/v1/models")
 
+    def get_model(self, model_id: str) -> dict:
+        return self._json("GET", f"/v1/models/{model_id}")
+
     def close(self) -> None:
         self._http.close()
 
@@ -521,10 +561,12 @@ class BatchGenHttpClient:
         finally:
             response.close()
 
-    def _result_file_ids(self, batch_or_file: str | dict, include_errors: bool) -> list[str]:
+    def _result_file_ids(self, batch_or_file: str | Mapping, include_errors: bool) -> list[str]:
         if isinstance(batch_or_file, str) and batch_or_file.startswith("file-"):
             return [batch_or_file]
-        batch = batch_or_file if isinstance(batch_or_file, dict) else self.get_batch(batch_or_file)
+        # A dict, or a typed Batch (a Mapping over the same JSON).
+        batch = (batch_or_file if isinstance(batch_or_file, Mapping)
+                 else self.get_batch(batch_or_file))
         file_ids = [batch.get("output_file_id")]
         if include_errors:
             file_ids.append(batch.get("error_file_id"))
@@ -575,6 +617,15 @@ def _json_of(response: httpx.Response) -> dict:
             f"expected JSON from {response.request.method} {response.request.url}, "
             f"got {response.headers.get('content-type', 'no content type')}"
         ) from exc
+
+
+def _upload_fields(purpose: str, expires_after_seconds: int | None) -> dict[str, str]:
+    fields = {"purpose": purpose}
+    if expires_after_seconds is not None:
+        # The form fields the openai SDK sends for a nested object.
+        fields["expires_after[anchor]"] = "created_at"
+        fields["expires_after[seconds]"] = str(expires_after_seconds)
+    return fields
 
 
 def _has_result_files(batch: dict) -> bool:

@@ -3,16 +3,18 @@
     BatchGenError
     ├── APIConnectionError          the server could not be reached
     │   └── APITimeoutError         ... or did not answer in time
-    ├── APIError                    the server answered 4xx/5xx (OpenAI error envelope)
+    ├── APIError                    the server answered 4xx/5xx (OpenAI error envelope);
+    │   │                           also named APIStatusError, as in openai-python
     │   ├── BadRequestError         400
     │   ├── AuthenticationError     401
     │   ├── PermissionDeniedError   403
     │   ├── NotFoundError           404
     │   ├── ConflictError           409
     │   ├── PayloadTooLargeError    413
+    │   ├── UnprocessableEntityError  422
     │   ├── RateLimitError          429, after the retries (also a RuntimeError)
     │   │   └── QuotaExceededError  429 quota_exceeded: the API key is over its quota
-    │   └── ServerError             5xx
+    │   └── ServerError             5xx (also named InternalServerError)
     │       └── ServiceUnavailableError  503, after the retries when it had Retry-After
     ├── BatchFailedError            a batch ended failed/cancelled/expired (RuntimeError)
     ├── WaitTimeoutError            a wait passed its timeout (TimeoutError)
@@ -100,6 +102,10 @@ class PayloadTooLargeError(APIError):
     pass
 
 
+class UnprocessableEntityError(APIError):
+    pass
+
+
 class RateLimitError(APIError, RuntimeError):
     """HTTP 429. Raised only once the retries are spent; `retry_after` is the last
     server hint in seconds (None when the header was absent or unreadable)."""
@@ -127,6 +133,12 @@ class ServiceUnavailableError(ServerError):
     def __init__(self, message: str, *, retry_after: float | None = None, **kwargs: Any):
         super().__init__(message, **kwargs)
         self.retry_after = retry_after
+
+
+# openai-python's names for the same classes, so code written for its errors reads
+# the same here (`except batchgen.APIStatusError as exc: exc.status_code, exc.code`).
+APIStatusError = APIError
+InternalServerError = ServerError
 
 
 class BatchFailedError(BatchGenError, RuntimeError):
@@ -162,6 +174,7 @@ _STATUS_ERRORS: dict[int, type[APIError]] = {
     404: NotFoundError,
     409: ConflictError,
     413: PayloadTooLargeError,
+    422: UnprocessableEntityError,
     429: RateLimitError,
     503: ServiceUnavailableError,
 }
