@@ -117,6 +117,50 @@ def test_openai_sdk_batch_flow(server, tmp_path):
     assert client.batches.retrieve(second.id).status == "cancelled"
 
 
+def test_typed_client_flow(server, tmp_path):
+    """client.files/.batches/... on a real server: every answer parses into its type
+    (tests/client/test_types_schema.py holds the types to the schema), pages walk."""
+    from batchgen import NotFoundError
+    from batchgen.types import Batch, FileObject, Model, PoolStatus
+
+    path = tmp_path / "input.jsonl"
+    path.write_bytes(chat_lines(12))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(chat_lines(3) + b"not json\n" + b"{}\n")
+    with BatchGenHttpClient(server.base_url) as client:
+        file_obj = client.files.create(path.open("rb"),
+                                       expires_after={"anchor": "created_at", "seconds": 86400})
+        assert isinstance(file_obj, FileObject) and file_obj.bytes == path.stat().st_size
+        assert file_obj.expires_at - file_obj.created_at == 86400
+        batch = client.batches.create(input_file_id=file_obj.id, metadata={"team": "typed"})
+        assert isinstance(batch, Batch) and batch.metadata == {"team": "typed"}
+        done = client.batches.wait(batch.id, poll_interval=0.2, timeout=120)
+        assert done.status == "completed" and done["status"] == "completed"
+        assert done.request_counts.completed == 12 and done.request_counts.failed == 0
+        assert done.usage.total_tokens == done.usage.input_tokens + done.usage.output_tokens
+        ids = [r["custom_id"] for r in client.batches.results(done)]
+        assert sorted(ids) == sorted(f"req-{i}" for i in range(12))
+
+        bad_file = client.files.create(bad)
+        failed = client.batches.create(input_file_id=bad_file.id)
+        with pytest.raises(RuntimeError):
+            client.batches.wait(failed.id, poll_interval=0.2, timeout=120)
+        failed = client.batches.retrieve(failed.id)
+        assert failed.status == "failed" and failed.errors.total == 2
+        assert [e.line for e in client.batches.errors(failed.id, limit=1)] == \
+            [e.line for e in failed.errors.data] == [4, 5]
+
+        # Two batches, one a page: iterating walks to the second page.
+        assert [b.id for b in client.batches.list(limit=1)] == [failed.id, done.id]
+        listed = [f.id for f in client.files.list(limit=1)]
+        assert {file_obj.id, bad_file.id, done.output_file_id} <= set(listed)
+        assert all(isinstance(m, Model) and m.live is not None for m in client.models.list())
+        assert isinstance(client.pool.status(), PoolStatus)
+        with pytest.raises(NotFoundError) as caught:
+            client.batches.retrieve("batch_doesnotexist")
+        assert caught.value.status_code == 404 and caught.value.code
+
+
 def test_cli_submit_and_tail(server, tmp_path):
     (tmp_path / "input.jsonl").write_bytes(chat_lines(30))
     env = {**os.environ, "BATCHGEN_BASE_URL": server.base_url, "PYTHONPATH": str(ROOT)}
