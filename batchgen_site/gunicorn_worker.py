@@ -282,6 +282,9 @@ class BatchGenWorker(ThreadWorker):
         conn.sock.setblocking(False)
         self.reading[conn] = None
         self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._on_readable, conn))
+        # The poller said it is readable (or it has just been accepted): read now
+        # rather than a turn of the loop later; a poll is often whole at once.
+        self._on_readable(conn, conn.sock)
 
     def _stop_reading(self, conn) -> None:
         self.reading.pop(conn, None)
