@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from batchgen.errors import BatchFailedError, WaitTimeoutError
 from batchgen.pagination import BatchErrorPage, CursorPage
 from batchgen.resources._base import Resource
 from batchgen.types import Batch, BatchError
@@ -67,9 +68,14 @@ class Batches(Resource):
     def wait(self, batch_id: str, *, poll_interval: float = 5.0, timeout: float | None = None,
              progress: bool = False) -> Batch:
         """Poll until the batch finishes; raises as `client.wait_for_batch`
-        (BatchFailedError, WaitTimeoutError)."""
-        return Batch.construct(
-            self._client.wait_for_batch(batch_id, poll_interval, timeout, progress))
+        (BatchFailedError, WaitTimeoutError), whose `batch` is then a `Batch` too."""
+        try:
+            return Batch.construct(
+                self._client.wait_for_batch(batch_id, poll_interval, timeout, progress))
+        except (BatchFailedError, WaitTimeoutError) as exc:
+            if isinstance(exc.batch, dict):
+                exc.batch = Batch.construct(exc.batch)
+            raise
 
     def results(self, batch: str | Mapping[str, Any], *,
                 include_errors: bool = True) -> Iterator[dict]:

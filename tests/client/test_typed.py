@@ -19,6 +19,7 @@ from batchgen import (
     NotFoundError,
     ServerError,
     UnprocessableEntityError,
+    WaitTimeoutError,
 )
 from batchgen.types import (
     Batch,
@@ -245,11 +246,22 @@ def test_batches_cancel_wait_and_results(stub, client):
     assert [r["custom_id"] for r in client.iter_results(batch)] == ["a", "b"]
 
 
-def test_batches_wait_raises_batch_failed(stub, client):
-    stub.on("GET", "/v1/batches/batch_1", Reply(json=make_batch(status="failed")))
+def test_batches_wait_raises_with_a_typed_batch(stub, client):
+    failed = make_batch(status="failed", output_file_id="file-partial",
+                        error={"code": "batch_failed", "message": "boom"})
+    stub.on("GET", "/v1/batches/batch_1", Reply(json=failed))
+    stub.on("GET", "/v1/batches/batch_2", Reply(json=make_batch("batch_2")))
 
-    with pytest.raises(BatchFailedError):
+    with pytest.raises(BatchFailedError) as caught:
         client.batches.wait("batch_1")
+    assert isinstance(caught.value.batch, Batch)
+    assert caught.value.batch.error.code == "batch_failed"
+    assert caught.value.batch["output_file_id"] == "file-partial"
+    assert "batch_failed: boom" in str(caught.value)
+
+    with pytest.raises(WaitTimeoutError) as caught:
+        client.batches.wait("batch_2", poll_interval=1, timeout=3)
+    assert isinstance(caught.value.batch, Batch) and caught.value.batch.status == "in_progress"
 
 
 # -- models, pool, webhook endpoints ----------------------------------------------------
