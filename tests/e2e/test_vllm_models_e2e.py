@@ -21,6 +21,7 @@ pytestmark = pytest.mark.vllm
 
 CHAT, EMBED, ADAPTER = "SmolLM2-135M-Instruct", "all-MiniLM-L6-v2", "smol-lora"
 CHAT_URL, COMPLETIONS_URL, EMBED_URL = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
+RESPONSES_URL = "/v1/responses"
 PROMPTS = ("What is 2 + 2?", "Name a colour.", "Say hello.")
 
 
@@ -66,8 +67,8 @@ def test_the_chat_model_its_adapter_and_the_embedding_model_serve_at_once(
     live = time.monotonic()
     # The adapter is listed after the models, with its base; it serves what its base does
     assert [(m["id"], m["parent"], m["endpoints"]) for m in models] == [
-        (CHAT, None, [CHAT_URL, COMPLETIONS_URL]), (EMBED, None, [EMBED_URL]),
-        (ADAPTER, CHAT, [CHAT_URL, COMPLETIONS_URL])]
+        (CHAT, None, [CHAT_URL, COMPLETIONS_URL, RESPONSES_URL]), (EMBED, None, [EMBED_URL]),
+        (ADAPTER, CHAT, [CHAT_URL, COMPLETIONS_URL, RESPONSES_URL])]
 
     # One chat batch whose lines name the base model and the adapter in turn, on the
     # same prompts; chunks mix them (the base's workers run both)
