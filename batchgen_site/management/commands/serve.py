@@ -16,7 +16,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from batchgen_site.celery import QueueName, inference_queue
-from batchgen_site.config import SERVER_SETTINGS
+from batchgen_site.config import SERVER_SETTINGS, value
 from batchgen_site.cpu_placement import CpuPlacement
 from batchgen_site.gpus import GpuSlicingError, gpu_slices, visible_gpus
 from batchgen_site.supervisor import INFERENCE_GROUP, Program, Supervisor
@@ -32,38 +32,30 @@ ACCESS_LOG_MODES = {
                      "--logger-class", "batchgen_site.gunicorn_logging.ExceptPollsLogger"],
     "none": [],
 }
-# Processes, not threads, carry the polling load: threads of one process share its
-# GIL, so beyond a few they queue for it (benchmarks/load.py, docs/benchmarks.md).
+# BATCHGEN_WEB_WORKERS unset: processes, not threads, carry the polling load
+# (batchgen_site/config.py), so twice the cores, 2 to 8.
 DEFAULT_WEB_WORKERS = min(max(2 * (os.cpu_count() or 1), 2), 8)
-DEFAULT_WEB_THREADS = 4
 
 
 class Command(BaseCommand):
     help = __doc__
 
     def add_arguments(self, parser):
+        # Every setting of the table that has a flag; a flag's value goes into the
+        # environment (_environment), where the settings read it with its type and
+        # bounds (batchgen_site/config.py).
         for setting in SERVER_SETTINGS:
+            if not setting.flag:
+                continue
             if setting.is_bool:
                 parser.add_argument(setting.flag, action="store_true", default=None,
                                     help=f"{setting.help} (env {setting.env})")
             else:
+                default = setting.shown or setting.default or "none"
                 parser.add_argument(setting.flag, default=None,
+                                    choices=setting.choices or None,
                                     help=f"{setting.help} (env {setting.env}, default "
-                                         f"{setting.default or 'see help'})")
-        parser.add_argument("--web-workers", type=int,
-                            default=int(os.environ.get("BATCHGEN_WEB_WORKERS",
-                                                       DEFAULT_WEB_WORKERS)),
-                            help="gunicorn worker processes (env BATCHGEN_WEB_WORKERS; "
-                                 "default twice the cores, 2 to 8)")
-        parser.add_argument("--web-threads", type=int,
-                            default=int(os.environ.get("BATCHGEN_WEB_THREADS",
-                                                       DEFAULT_WEB_THREADS)),
-                            help="threads per gunicorn worker (env BATCHGEN_WEB_THREADS, "
-                                 f"default {DEFAULT_WEB_THREADS})")
-        parser.add_argument("--access-log", choices=ACCESS_LOG_MODES,
-                            default=os.environ.get("BATCHGEN_ACCESS_LOG", "except-polls"),
-                            help="which HTTP requests to log: all, all but successful polls "
-                                 "(default), none (env BATCHGEN_ACCESS_LOG)")
+                                         f"{default.replace('`', '')})")
         parser.add_argument("--no-inference-worker", action="store_true",
                             help="start no inference worker here (they run on GPU hosts); "
                                  "the same as --inference-workers 0")
@@ -92,10 +84,12 @@ class Command(BaseCommand):
                                    f"{options['inference_workers']} contradict each other")
             options["inference_workers"] = "0"
         for setting in SERVER_SETTINGS:
-            value = options.get(setting.flag.lstrip("-").replace("-", "_"))
-            if value is None:
+            if not setting.flag:
                 continue
-            env[setting.env] = "true" if value is True else str(value)
+            given = options.get(setting.flag.lstrip("-").replace("-", "_"))
+            if given is None:
+                continue
+            env[setting.env] = "true" if given is True else str(given)
         return env
 
     def _prepare(self, *, web: bool = True) -> None:
@@ -118,7 +112,7 @@ class Command(BaseCommand):
         for adapter in served_adapters():
             logger.info("BatchGen: LoRA adapter %s (rank %s) on %s's workers, at %s",
                         adapter.id, adapter.rank, adapter.base.id, adapter.path)
-        listen_ip = os.environ.get("BATCHGEN_LISTEN_IP", "0.0.0.0")
+        listen_ip = value("BATCHGEN_LISTEN_IP")
         logger.info("BatchGen: broker=%s database=%s",
                     "embedded" if settings.BATCHGEN_EMBEDDED_BROKER else settings.CELERY_BROKER_URL,
                     settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1])
@@ -134,8 +128,7 @@ class Command(BaseCommand):
     def _programs(self, options) -> list[Program]:
         python = sys.executable
         celery = [python, "-m", "celery", "-A", "batchgen_site"]
-        ip = os.environ.get("BATCHGEN_LISTEN_IP", "0.0.0.0")
-        port = os.environ.get("BATCHGEN_LISTEN_PORT", "10900")
+        ip, port = value("BATCHGEN_LISTEN_IP"), value("BATCHGEN_LISTEN_PORT")
         try:
             served = served_models()
         except ModelListError as exc:
@@ -158,10 +151,11 @@ class Command(BaseCommand):
             "--bind", f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}",
             # The worker class and its limits for slow clients: batchgen_site/gunicorn_conf.py.
             "--config", "python:batchgen_site.gunicorn_conf",
-            "--workers", str(options["web_workers"]), "--threads", str(options["web_threads"]),
+            "--workers", str(value("BATCHGEN_WEB_WORKERS") or DEFAULT_WEB_WORKERS),
+            "--threads", str(value("BATCHGEN_WEB_THREADS")),
             # Uploads of many GiB stream for minutes; gthread keeps heartbeating.
             "--timeout", "120", "--graceful-timeout", "30",
-            *ACCESS_LOG_MODES[options["access_log"]],
+            *ACCESS_LOG_MODES[value("BATCHGEN_ACCESS_LOG")],
             "--chdir", str(settings.BASE_DIR),
         ]))
         programs.append(Program("control", [
@@ -169,11 +163,11 @@ class Command(BaseCommand):
             "-B", "-s", str(settings.RUN_DIR / "celerybeat-schedule"), "--loglevel", "INFO",
         ]))
         programs.extend(inference)
-        flower_port = os.environ.get("BATCHGEN_FLOWER_PORT", "5555")
-        if flower_port and flower_port != "0":
+        flower_port = value("BATCHGEN_FLOWER_PORT")
+        if flower_port:
             # Flower can revoke tasks and shut workers down: beyond loopback only with
             # a password (FLOWER_BASIC_AUTH=user:password, which Flower reads itself).
-            flower_ip = ip if os.environ.get("FLOWER_BASIC_AUTH") else "127.0.0.1"
+            flower_ip = ip if value("FLOWER_BASIC_AUTH") else "127.0.0.1"
             if flower_ip != ip:
                 logger.warning("Flower listens on 127.0.0.1 only; set FLOWER_BASIC_AUTH to "
                                "expose it on %s", ip)
