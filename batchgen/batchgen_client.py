@@ -19,17 +19,16 @@ import logging
 import os
 import secrets
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import httpx
 
-from batchgen import _clock, _retry
+from batchgen import _clock
+from batchgen._base_client import DEFAULT_BASE_URL, BaseClient, json_of, without_none
 from batchgen._jsonl import parse_line, parse_lines, split_lines
 from batchgen._progress import BatchProgress
-from batchgen._version import __version__
 from batchgen.errors import (
     APIConnectionError,
     APIError,
@@ -51,7 +50,6 @@ from batchgen.errors import (
     ServiceUnavailableError,
     UnprocessableEntityError,
     WaitTimeoutError,
-    error_from_response,
 )
 from batchgen.resources import Batches, Files, Models, Pool, WebhookEndpoints
 
@@ -80,7 +78,6 @@ __all__ = [
     "WaitTimeoutError",
 ]
 
-DEFAULT_BASE_URL = "http://localhost:10900"
 DEFAULT_ENDPOINT = "/v1/chat/completions"
 # What a batch's `endpoint` may be; which of them the server runs depends on its model
 # (a chat model: chat completions, completions and responses; an embedding model:
@@ -89,9 +86,6 @@ ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/r
 # Statuses after which a batch never changes again.
 FAILED_STATUSES = frozenset({"failed", "cancelled", "expired"})
 TERMINAL_STATUSES = FAILED_STATUSES | {"completed"}
-# Without timeout_s a request may take as long as it needs (multi-GB uploads and
-# downloads), but an unreachable host should not hang the caller.
-_CONNECT_TIMEOUT_S = 10.0
 
 # How long a wait keeps polling through an unreachable or unavailable server.
 _POLL_OUTAGE_S = 120.0
@@ -101,34 +95,13 @@ PathLike = str | os.PathLike[str]
 logger = logging.getLogger("batchgen")
 
 
-class BatchGenHttpClient:
+class BatchGenHttpClient(BaseClient):
     """A BatchGen server at `base_url` (default `$BATCHGEN_BASE_URL`, else
     http://localhost:10900; a trailing `/v1` is accepted too).
 
     `timeout_s` bounds every request phase; None means no limit except 10 s to
     connect. `api_key` (default `$BATCHGEN_API_KEY`) is sent as a bearer token.
     """
-
-    def __init__(
-        self,
-        base_url: str | None = None,
-        timeout_s: float | None = None,
-        *,
-        api_key: str | None = None,
-    ):
-        base_url = (base_url or os.environ.get("BATCHGEN_BASE_URL") or DEFAULT_BASE_URL)
-        base_url = base_url.rstrip("/")
-        base_url = base_url.removesuffix("/v1")
-        self.base_url = base_url
-        api_key = api_key if api_key is not None else os.environ.get("BATCHGEN_API_KEY")
-        headers = {"User-Agent": f"batchgen-client/{__version__}"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        if timeout_s is None:
-            timeout = httpx.Timeout(None, connect=_CONNECT_TIMEOUT_S)
-        else:
-            timeout = httpx.Timeout(timeout_s)
-        self._http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout)
 
     # -- typed resources (batchgen.resources): typed objects, cursor pages ---------------
 
@@ -174,7 +147,7 @@ class BatchGenHttpClient:
                     files={"file": (path.name, fh, "application/jsonl")},
                 )
 
-        return _json_of(self._send(attempt))
+        return json_of(self._send(attempt))
 
     def _upload_stream(self, fh: IO[bytes], purpose: str,
                        expires_after_seconds: int | None) -> dict:
@@ -188,7 +161,7 @@ class BatchGenHttpClient:
             return self._http.post("/v1/files", data=fields,
                                    files={"file": (name, fh, "application/jsonl")})
 
-        return _json_of(self._send(attempt))
+        return json_of(self._send(attempt))
 
     def get_file(self, file_id: str) -> dict:
         return self._json("GET", f"/v1/files/{file_id}")
@@ -200,7 +173,7 @@ class BatchGenHttpClient:
         order: str | None = None,
         after: str | None = None,
     ) -> dict:
-        params = _without_none(purpose=purpose, limit=limit, order=order, after=after)
+        params = without_none(purpose=purpose, limit=limit, order=order, after=after)
         return self._json("GET", "/v1/files", params=params)
 
     def delete_file(self, file_id: str) -> dict:
@@ -249,7 +222,7 @@ class BatchGenHttpClient:
             "input_file_id": input_file_id,
             "endpoint": endpoint,
             "completion_window": completion_window,
-            **_without_none(
+            **without_none(
                 metadata=metadata,
                 max_decoding_length=max_decoding_length,
                 max_context_length=max_context_length,
@@ -268,7 +241,7 @@ class BatchGenHttpClient:
 
     def list_batches(self, limit: int = 20, after: str | None = None) -> dict:
         """One page, newest first: `{"object": "list", "data": [...], "has_more": ...}`."""
-        return self._json("GET", "/v1/batches", params=_without_none(limit=limit, after=after))
+        return self._json("GET", "/v1/batches", params=without_none(limit=limit, after=after))
 
     def list_batch_errors(self, batch_id: str, limit: int | None = None,
                           after: int | None = None) -> dict:
@@ -276,7 +249,7 @@ class BatchGenHttpClient:
         `{"object": "list", "data": [{code, message, line, param}], "has_more", "total"}`.
         `after` is the `line` of the last error of the page before."""
         return self._json("GET", f"/v1/batches/{batch_id}/errors",
-                          params=_without_none(limit=limit, after=after))
+                          params=without_none(limit=limit, after=after))
 
     def iter_batch_errors(self, batch_id: str) -> Iterator[dict]:
         """Every bad input line the server kept (the batch object shows only the first
@@ -415,11 +388,11 @@ class BatchGenHttpClient:
         """Register a receiver for this key's batches; the answer's `signing_secret`
         is shown only now. Default events: batch.completed, .failed, .cancelled."""
         return self._json("POST", "/v1/webhook_endpoints",
-                          json=_without_none(url=url, event_types=event_types, name=name))
+                          json=without_none(url=url, event_types=event_types, name=name))
 
     def list_webhook_endpoints(self, limit: int | None = None, after: str | None = None) -> dict:
         return self._json("GET", "/v1/webhook_endpoints",
-                          params=_without_none(limit=limit, after=after))
+                          params=without_none(limit=limit, after=after))
 
     def get_webhook_endpoint(self, endpoint_id: str) -> dict:
         return self._json("GET", f"/v1/webhook_endpoints/{endpoint_id}")
@@ -428,7 +401,7 @@ class BatchGenHttpClient:
                                 event_types: list[str] | None = None, name: str | None = None,
                                 enabled: bool | None = None) -> dict:
         return self._json("POST", f"/v1/webhook_endpoints/{endpoint_id}",
-                          json=_without_none(url=url, event_types=event_types, name=name,
+                          json=without_none(url=url, event_types=event_types, name=name,
                                              enabled=enabled))
 
     def delete_webhook_endpoint(self, endpoint_id: str) -> dict:
@@ -461,41 +434,6 @@ class BatchGenHttpClient:
 
     def get_model(self, model_id: str) -> dict:
         return self._json("GET", f"/v1/models/{model_id}")
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> BatchGenHttpClient:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    # -- plumbing ----------------------------------------------------------------------
-
-    def _json(self, method: str, path: str, **kwargs: Any) -> dict:
-        return _json_of(self._send(lambda: self._http.request(method, path, **kwargs)))
-
-    def _send(self, attempt: Callable[[], httpx.Response]) -> httpx.Response:
-        """Run one HTTP exchange under the retry policy (429, and 503 with Retry-After)."""
-        return _retry.rate_limit_retrying()(_checked, attempt)
-
-    @contextmanager
-    def _stream(self, method: str, path: str, **kwargs: Any) -> Iterator[httpx.Response]:
-        """A response whose body is read as it arrives; closed on exit."""
-
-        def attempt() -> httpx.Response:
-            return self._http.send(self._http.build_request(method, path, **kwargs), stream=True)
-
-        response = self._send(attempt)
-        try:
-            yield response
-        except httpx.TimeoutException as exc:
-            raise APITimeoutError(f"timed out reading {method} {path}: {exc}") from exc
-        except httpx.HTTPError as exc:  # the connection broke mid-body
-            raise APIConnectionError(f"reading {method} {path} failed: {exc}") from exc
-        finally:
-            response.close()
 
     def _poll(self, batch_id: str, poll_interval: float, timeout: float | None) -> Iterator[dict]:
         """Batch snapshots, `poll_interval` apart, forever; WaitTimeoutError once
@@ -584,47 +522,6 @@ class BatchGenHttpClient:
         return file_ids
 
 
-def _checked(attempt: Callable[[], httpx.Response]) -> httpx.Response:
-    """Make one request; turn transport failures and HTTP errors into BatchGenErrors
-    (a 429 becomes a RateLimitError and a 503 a ServiceUnavailableError, which the
-    retry policy decides on)."""
-    try:
-        response = attempt()
-        if response.is_error:
-            try:
-                response.read()
-            finally:
-                response.close()
-    except httpx.TimeoutException as exc:
-        raise APITimeoutError(f"{_target(exc)} timed out: {exc}") from exc
-    except httpx.HTTPError as exc:
-        raise APIConnectionError(f"cannot reach {_target(exc)}: {exc}") from exc
-    if response.is_error:
-        retry_after = None
-        if response.status_code in (429, 503):
-            retry_after = _retry.parse_retry_after(response.headers.get("Retry-After"))
-        raise error_from_response(response, retry_after=retry_after)
-    return response
-
-
-def _target(exc: httpx.HTTPError) -> str:
-    try:
-        request = exc.request
-    except RuntimeError:  # httpx raises when the error carries no request
-        return "the BatchGen server"
-    return f"{request.method} {request.url}"
-
-
-def _json_of(response: httpx.Response) -> dict:
-    try:
-        return response.json()
-    except ValueError as exc:
-        raise BatchGenError(
-            f"expected JSON from {response.request.method} {response.request.url}, "
-            f"got {response.headers.get('content-type', 'no content type')}"
-        ) from exc
-
-
 def _upload_fields(purpose: str, expires_after_seconds: int | None) -> dict[str, str]:
     fields = {"purpose": purpose}
     if expires_after_seconds is not None:
@@ -636,7 +533,3 @@ def _upload_fields(purpose: str, expires_after_seconds: int | None) -> dict[str,
 
 def _has_result_files(batch: dict) -> bool:
     return bool(batch.get("output_file_id") or batch.get("error_file_id"))
-
-
-def _without_none(**fields: Any) -> dict[str, Any]:
-    return {key: value for key, value in fields.items() if value is not None}
