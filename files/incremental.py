@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -88,6 +89,28 @@ def append_lines(path: Path, lines: Iterable[bytes]) -> int:
             os.ftruncate(fd, before)
             raise
     return len(data)
+
+
+PROBE_BYTES = 64 * 1024  # a few results' worth: room for this much, and a paused worker resumes
+
+
+def probe_room(directory: Path, size: int = PROBE_BYTES) -> None:
+    """Write `size` bytes to a scratch file in `directory`, sync and remove it. Raises
+    the volume's own error (ENOSPC, EDQUOT; some network file systems say so only at
+    the sync) while there is no room for them."""
+    fd, name = tempfile.mkstemp(prefix=".room-", dir=directory)
+    try:
+        data = memoryview(bytes(size))
+        done = 0
+        while done < size:
+            written = os.write(fd, data[done:])
+            if written == 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), name)
+            done += written
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        os.unlink(name)
 
 
 def scan_results(path: Path, custom_ids: set[str]) -> dict[str, bool]:

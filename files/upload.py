@@ -102,7 +102,12 @@ class StreamingUploadHandler(FileUploadHandler):
 
     def discard(self) -> None:
         if self.file is not None and not self.file.closed:
-            self.file.close()
+            try:
+                self.file.close()
+            except OSError:
+                # A full volume: closing fails to flush what the file still buffers
+                # (it is closed all the same). Those bytes are being thrown away.
+                pass
         for path in self.partials:
             if path not in self.claimed:
                 path.unlink(missing_ok=True)

@@ -16,6 +16,12 @@ Threads of one worker process:
 Stopping: on SIGTERM Celery begins a warm shutdown and `drain()` runs at once: every
 chunk in hand stops its requests and is handed back to the queue (not after its
 lease runs out), then the pool's threads end and `stop()` shuts the engine down.
+
+A full storage volume pauses the worker (docs/reliability.md, "Faults"): chunks holding
+results they could not append keep them and retry; nothing new enters the engine;
+chunks with nothing in flight are handed back; the worker stops consuming its queue
+(`queue_switch`) and refuses, unclaimed, a chunk delivered meanwhile. It resumes by
+itself when an append, or a probe write at a heartbeat, finds room again.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from batchgen_site.errors import is_storage_full
 from batchgen_site.outage import dependency_down, outage_began
 from batchgen_site.publishing import publish
 from batchgen_site.supervisor import TERMINATION_LOG_ENV
-from files.incremental import append_lines, scan_results
+from files.incremental import append_lines, probe_room, scan_results
 from inference.database import WorkerDatabase
 from inference.engines import (
     Engine,
@@ -138,10 +144,17 @@ class InferenceRuntime:
         self._stopping = threading.Event()
         self.completed = self.failed_requests = self.tokens = 0
         self._stats_lock = threading.Lock()
-        # Chunks now holding results the full storage volume cannot take, and why.
+        # Why results cannot be written (the storage volume full), while they cannot;
+        # chunks now holding results it did not take; the volume to probe for room.
         self.storage_error = ""
         self._storage_waiting = 0
+        self._storage_dir: Path | None = None
         self._storage_lock = threading.Lock()
+        # Wakes chunks waiting to retry an append: the probe found room, or a drain.
+        self._storage_changed = threading.Condition()
+        # Stops and restarts the consumption of this worker's queue while storage is
+        # full (inference.signals.QueueSwitch; None outside a Celery worker).
+        self.queue_switch = None
 
     # --- life cycle -------------------------------------------------------------------
 
@@ -221,6 +234,7 @@ class InferenceRuntime:
             self.draining.set()
             logger.info("inference worker %s draining: handing %s chunk(s) back", self.name,
                         self.ledger.held)
+            self._wake_storage_waiters()
 
     def stop(self) -> None:
         if self._stopping.is_set():
@@ -295,6 +309,7 @@ class InferenceRuntime:
                 last_flush = now
             if beat:
                 heartbeat_due = now + settings.BATCHGEN_HEARTBEAT_SECONDS
+                self._probe_storage()
                 self._beat()
 
     def _beat(self) -> None:
@@ -313,6 +328,10 @@ class InferenceRuntime:
         if self.draining.is_set():
             # Not claimed: the message goes back to the broker for another worker.
             raise Reject("inference worker stopping", requeue=True)
+        if self.storage_error:
+            # Paused: this worker stopped consuming its queue, so the message goes to a
+            # worker with room, or waits in the broker until this one resumes.
+            raise Reject("storage full", requeue=True)
         work = self._claim(chunk_id)
         if work is None:
             return "not claimed"
@@ -322,11 +341,13 @@ class InferenceRuntime:
         except BaseException:
             self.ledger.drop(work.chunk_id)
             raise
-        if self.failed is not None or self.draining.is_set():
-            # This worker is going away mid-chunk: keep what was written, hand the
+        if self.failed is not None or self.draining.is_set() or run.pending:
+            # This worker is going away mid-chunk, or paused on a full volume with
+            # requests of the chunk not yet started: keep what was written, hand the
             # rest back to the queue now rather than when the lease runs out.
             self.ledger.release(work.chunk_id).result()
-            return f"chunk {work.batch_id}#{work.index}: released, worker stopping"
+            why = "storage full" if run.pending else "worker stopping"
+            return f"chunk {work.batch_id}#{work.index}: released, {why}"
         status = self.ledger.close(work.chunk_id).result()
         # Which worker and model ran it: with several models, the log shows each
         # worker answering its own model only.
@@ -397,7 +418,14 @@ class InferenceRuntime:
                     stopped = True
                     run.pending.clear()
                     self._cancel(run)
-                if run.pending:
+                if run.pending and self.storage_error:
+                    # Paused: what would start now could not be written. With nothing
+                    # in flight or held, hand the rest back (run_chunk releases it).
+                    if not run.outstanding:
+                        self._tell_storage(self.database.storage_full, work.batch_id,
+                                           heartbeat=False)
+                        break
+                elif run.pending:
                     count = self.slots.admit(run, (cost for _, cost in run.pending))
                     if count:
                         admitted = [run.pending.popleft() for _ in range(count)]
@@ -461,7 +489,9 @@ class InferenceRuntime:
                     else:  # another chunk of the batch may have cleared it meanwhile
                         self._tell_storage(self.database.storage_full, work.batch_id,
                                            heartbeat=False)
-                if (self.draining.wait(delay) or self.failed is not None
+                with self._storage_changed:
+                    self._storage_changed.wait(delay)
+                if (self.draining.is_set() or self.failed is not None
                         or work.batch_id in self.stop_batches):
                     logger.warning("chunk %s#%s stops with %s result(s) unwritten (storage "
                                    "full); they run again if the batch goes on",
@@ -471,7 +501,7 @@ class InferenceRuntime:
         finally:
             if waiting:
                 # The batch's error stays while it still waits (this worker stopping).
-                self._storage_room(work, batch_resumed=written or
+                self._storage_room(work, written=written, batch_resumed=written or
                                    work.batch_id in self.stop_batches)
 
     def _storage_full(self, work: ChunkWork, output: Path, error: OSError) -> None:
@@ -479,22 +509,63 @@ class InferenceRuntime:
             self._storage_waiting += 1
             first = not self.storage_error
             self.storage_error = f"{error.strerror} writing results to {output.parent}"
+            self._storage_dir = output.parent
         if first:
-            logger.error("storage full: cannot append results to %s (%s); chunks hold "
-                         "their results and retry until space is freed on the volume",
-                         output, error.strerror)
+            logger.error("storage full: cannot append results to %s (%s); this worker "
+                         "pauses: chunks hold their results and retry, no new chunk is "
+                         "taken and those not started are handed back, until space is "
+                         "freed on the volume", output, error.strerror)
+            self._switch_queue()
         self._tell_storage(self.database.storage_full, work.batch_id)
 
-    def _storage_room(self, work: ChunkWork, *, batch_resumed: bool) -> None:
+    def _storage_room(self, work: ChunkWork, *, written: bool, batch_resumed: bool) -> None:
+        """A chunk stops waiting: its results written, or given up (its batch or this
+        worker stopped). Only a write shows there is room again: after a chunk gave
+        up, the heartbeat's probe tells (_probe_storage)."""
         with self._storage_lock:
             self._storage_waiting -= 1
-            last = self._storage_waiting == 0 and bool(self.storage_error)
-            if last:
+            resumed = written and self._storage_waiting == 0 and bool(self.storage_error)
+            if resumed:
                 self.storage_error = ""
-        if last:
-            logger.warning("the storage volume takes results again; chunks resume")
+        if resumed:
+            self._storage_resumed()
         if batch_resumed:
             self._tell_storage(self.database.storage_resumed, work.batch_id)
+
+    def _probe_storage(self) -> None:
+        """Paused: once a probe write finds room on the volume, wake the chunks that
+        wait to retry their appends (their backoff reaches 30 s), or, when none does
+        (they gave their results up), resume."""
+        with self._storage_lock:
+            directory = self._storage_dir if self.storage_error else None
+        if directory is None:
+            return
+        try:
+            probe_room(directory)
+        except OSError as exc:
+            if not is_storage_full(exc):
+                logger.warning("cannot probe %s for room: %s", directory, exc)
+            return
+        with self._storage_lock:
+            resumed = bool(self.storage_error) and not self._storage_waiting
+            if resumed:
+                self.storage_error = ""
+        if resumed:
+            self._storage_resumed()
+        self._wake_storage_waiters()
+
+    def _wake_storage_waiters(self) -> None:
+        with self._storage_changed:
+            self._storage_changed.notify_all()
+
+    def _storage_resumed(self) -> None:
+        logger.warning("the storage volume takes results again; this worker resumes")
+        self._switch_queue()
+
+    def _switch_queue(self) -> None:
+        """Consume this worker's queue, or not, as storage_error now says."""
+        if self.queue_switch is not None:
+            self.queue_switch.changed()
 
     def _tell_storage(self, change, batch_id: str, *, heartbeat: bool = True) -> None:
         """Show the state on the batch and, through a heartbeat now, in /health and

@@ -60,12 +60,50 @@ def _consume_own_model_queue(app) -> None:
     logger.info("inference worker: model %s, queue %s", model, inference_queue(model))
 
 
+class QueueSwitch:
+    """Stops this worker consuming its inference queue while its runtime cannot write
+    results (storage full), and consumes it again after: what it has not started goes
+    to a worker with room, or waits in the broker, instead of being run into memory.
+
+    Celery's own cancel_consumer/add_consumer remote-control commands do this through a
+    broadcast; here the runtime's thread asks the worker's consumer directly, with
+    `call_soon` (thread-safe, it wakes the consumer's loop). The change reads the
+    runtime's state when it runs, so a pause and a resume asked for in quick
+    succession end as the state is then, whatever order they run in."""
+
+    def __init__(self, consumer, runtime) -> None:
+        self.consumer = consumer
+        self.runtime = runtime
+        self.queues = [name for name in consumer.app.amqp.queues.consume_from
+                       if is_inference_queue(name)]
+
+    def changed(self) -> None:
+        self.consumer.call_soon(self._apply)
+
+    def _apply(self) -> None:
+        # Between broker connections there is no task consumer: the next one consumes
+        # what the app's queues select, so that is what changes then.
+        queues, tasks = self.consumer.app.amqp.queues, self.consumer.task_consumer
+        paused = bool(self.runtime.storage_error)
+        for name in self.queues:
+            consuming = tasks is not None and tasks.consuming_from(name)
+            if paused and consuming:
+                self.consumer.cancel_task_queue(name)
+            elif not paused and tasks is not None and not consuming:
+                self.consumer.add_task_queue(name)
+            elif paused:
+                queues.deselect(name)
+            else:
+                queues.select_add(queues[name])
+
+
 @signals.worker_ready.connect
 def on_worker_ready(sender, **kwargs):
     if consumes_inference(sender.app):
         from inference.runtime import get_runtime
 
-        get_runtime()  # start loading the engine now, not on the first chunk
+        runtime = get_runtime()  # start loading the engine now, not on the first chunk
+        runtime.queue_switch = QueueSwitch(sender, runtime)
 
 
 @signals.worker_shutting_down.connect

@@ -1,11 +1,13 @@
 """The storage volume fills up under a running server (a small tmpfs; root only, see
 test_disk_full_in_process.py for the same without root).
 
-While results cannot be appended, the chunks hold them under their leases and retry;
-the batch waits with `error.code == "storage_full"`, /health answers 503 and
-/v1/pool/status names the cause; nothing already written is lost or half-written.
-Once the volume has room the batch completes, every custom_id once. An upload that
-does not fit is refused with 507 and leaves nothing behind."""
+While results cannot be appended, the chunks hold them under their leases and retry,
+and the worker stops consuming its queue; the batch waits with `error.code ==
+"storage_full"`, /health answers 503 and /v1/pool/status names the cause; nothing
+already written is lost or half-written. Once the volume has room the worker
+consumes again and the batch completes, every custom_id once. An upload that does
+not fit, sent with a length or chunked, is refused with 507 and leaves nothing
+behind."""
 
 from __future__ import annotations
 
@@ -64,7 +66,11 @@ def test_disk_full_while_appending_waits_with_a_clear_error_and_resumes(
     assert health.status_code == 503
     assert health.json()["reason"].startswith("storage full:")
     assert "No space left on device" in api.pool()["storage_error"]
-    assert "storage full: cannot append results" in server.log(tail=1_000_000)
+    log = server.log(tail=1_000_000)
+    assert "storage full: cannot append results" in log
+    # ...and the worker stopped consuming its queue (Celery's own line)
+    wait_until(lambda: "Canceling queue inference" in server.log(tail=1_000_000), timeout=30,
+               message="the inference worker to stop consuming its queue")
     # ...and the file holds whole, distinct results only; request_counts never count
     # more than it holds
     written = output.read_bytes()
@@ -87,6 +93,7 @@ def test_disk_full_while_appending_waits_with_a_clear_error_and_resumes(
     wait_until(lambda: api.pool()["storage_error"] is None, timeout=30,
                message="the pool status to clear the storage error")
     assert api.http.get("/health").status_code == 200
+    assert "Started consuming from inference" in server.log(tail=1_000_000)
 
 
 def test_upload_that_does_not_fit_is_refused_with_507_and_leaves_nothing(
@@ -103,6 +110,24 @@ def test_upload_that_does_not_fit_is_refused_with_507_and_leaves_nothing(
                              data={"purpose": "batch"})
 
     # Then: 507 in the error envelope; no partial file stays, no file is listed
+    assert response.status_code == 507, response.text
+    assert response.json()["error"]["code"] == "storage_full"
+    assert list((server.storage / "uploads").iterdir()) == []
+    assert api.http.get("/v1/files").json()["data"] == []
+
+    # The same sent chunked (no length known before the volume fills)
+    boundary = "batchgen-disk-full"
+
+    def chunked_body():
+        yield (f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\n'
+               f'batch\r\n--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+               'filename="big.jsonl"\r\nContent-Type: application/jsonl\r\n\r\n').encode()
+        for at in range(0, len(content), 16 * KIB):
+            yield content[at:at + 16 * KIB]
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    response = api.http.post("/v1/files", content=chunked_body(), headers={
+        "Content-Type": f"multipart/form-data; boundary={boundary}"})
     assert response.status_code == 507, response.text
     assert response.json()["error"]["code"] == "storage_full"
     assert list((server.storage / "uploads").iterdir()) == []
