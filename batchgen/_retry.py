@@ -1,7 +1,7 @@
 """The client's retry policy for a busy server, built on tenacity.
 
 Retried: HTTP 429 (the intake pool is full), and HTTP 503 when the server sent
-`Retry-After` (`server_busy`: every web thread is taken; `database_busy`: the
+`Retry-After` (`server_busy`: the web server could not take the request then; `database_busy`: the
 database stayed busy through the server's own retries; both changed nothing, so a
 create is safe to send again). The client waits the `Retry-After` the server sent
 (delta seconds or an HTTP date), else 1, 2, 4, 8, 16 s; every wait is capped at
