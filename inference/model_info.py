@@ -12,9 +12,9 @@ model), so its lines go into its base's chunks and queue (docs/models.md)."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 from django.conf import settings
@@ -91,9 +91,12 @@ def parse_models(value: str) -> list[ModelEntry]:
     return entries
 
 
-def _model_info(*, name: str | None, path: Path, engine_name: str) -> ModelInfo:
+def _model_info(*, name: str | None, path: Path, engine_name: str) -> tuple[ModelInfo, bool]:
+    """The model's info, and whether it is settled: False when its engine's remote
+    server was asked for the model's context and did not answer."""
     engine = engine_spec(engine_name)
     context = engine.model_context(path)  # a remote server's word, else the folder's
+    settled = engine.describe_model is None or context is not None
     config = path / "config.json"
     if context is None and config.exists():
         data = json.loads(config.read_text())
@@ -110,7 +113,7 @@ def _model_info(*, name: str | None, path: Path, engine_name: str) -> ModelInfo:
     if limit and (context is None or limit < context):
         context = limit
     return ModelInfo(id=name, max_context_length=int(context or 0), engine=engine.name,
-                     path=str(path), endpoints=engine.endpoints_for(path))
+                     path=str(path), endpoints=engine.endpoints_for(path)), settled
 
 
 @dataclass(frozen=True)
@@ -119,21 +122,45 @@ class _Catalog:
     adapters: tuple[AdapterInfo, ...]
 
 
-@lru_cache(maxsize=1)
+# A remote engine's server may not answer yet when a process first asks (`serve`
+# starts BatchGen and, often, the server at the same time, and /health asks at once): a
+# catalogue without such a model's context is read again after this many seconds
+# rather than kept, with a context of 0, for the life of the process.
+UNSETTLED_SECONDS = 5.0
+_cached: tuple[_Catalog, float] | None = None  # the catalogue, and until when it holds
+
+
 def _catalog() -> _Catalog:
+    global _cached
+    cached = _cached
+    if cached is not None and time.monotonic() < cached[1]:
+        return cached[0]
+    catalog, settled = _read_catalog()
+    _cached = (catalog, math.inf if settled else time.monotonic() + UNSETTLED_SECONDS)
+    return catalog
+
+
+def _clear_catalog() -> None:
+    global _cached
+    _cached = None
+
+
+def _read_catalog() -> tuple[_Catalog, bool]:
     entries = parse_models(settings.BATCHGEN_MODELS)
     if not entries:
-        return _Catalog(models=(_model_info(name=None, path=Path(settings.BATCHGEN_MODEL),
-                                            engine_name=settings.BATCHGEN_ENGINE),),
-                        adapters=())
-    models = tuple(_model_info(name=entry.name, path=Path(entry.path),
-                               engine_name=entry.engine or settings.BATCHGEN_ENGINE)
-                   for entry in entries if entry.base is None)
+        model, settled = _model_info(name=None, path=Path(settings.BATCHGEN_MODEL),
+                                     engine_name=settings.BATCHGEN_ENGINE)
+        return _Catalog(models=(model,), adapters=()), settled
+    described = [_model_info(name=entry.name, path=Path(entry.path),
+                             engine_name=entry.engine or settings.BATCHGEN_ENGINE)
+                 for entry in entries if entry.base is None]
+    models = tuple(model for model, _ in described)
     if not models:
         raise ModelListError("BATCHGEN_MODELS has adapters but no model to serve them")
     by_id = {model.id: model for model in models}
     adapters = tuple(_adapter_info(entry, by_id) for entry in entries if entry.base)
-    return _Catalog(models=models, adapters=adapters)
+    return (_Catalog(models=models, adapters=adapters),
+            all(settled for _, settled in described))
 
 
 def _adapter_info(entry: ModelEntry, models: dict[str, ModelInfo]) -> AdapterInfo:
@@ -196,8 +223,8 @@ def served_model() -> ModelInfo:
 
 
 # Tests and `serve` (after preparing the folders) read the list again.
-served_models.cache_clear = _catalog.cache_clear  # type: ignore[attr-defined]
-served_model.cache_clear = _catalog.cache_clear  # type: ignore[attr-defined]
+served_models.cache_clear = _clear_catalog  # type: ignore[attr-defined]
+served_model.cache_clear = _clear_catalog  # type: ignore[attr-defined]
 
 
 def model_by_id(model_id: str) -> ModelInfo | None:

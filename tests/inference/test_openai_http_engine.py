@@ -346,3 +346,25 @@ def test_the_served_models_take_the_remote_context(settings, stub):
 def test_the_served_models_show_no_context_while_the_server_is_down(settings, stub):
     stub.stop()
     assert served_remote_model(settings, stub).max_context_length == 0
+
+
+def test_a_context_the_server_could_not_give_is_asked_again_once_it_is_up(
+        settings, stub, monkeypatch):
+    """A web process that read the models before the engine's server was up (serve
+    starts both at once, and /health asks at once) shows the server's context once it
+    answers, not a 0 kept for the life of the process."""
+    from inference import model_info
+
+    monkeypatch.setattr(model_info, "UNSETTLED_SECONDS", 0.0)
+    settings.BATCHGEN_ENGINE_URL = stub.url
+    settings.BATCHGEN_MODELS = f"m={MODEL}:openai-http"
+    model_info.served_models.cache_clear()
+    try:
+        stub.stop()
+        assert model_info.served_model().max_context_length == 0
+        stub.start()
+        assert model_info.served_model().max_context_length == MAX_MODEL_LEN
+        stub.stop()  # a settled catalogue is kept: the server is not asked again
+        assert model_info.served_model().max_context_length == MAX_MODEL_LEN
+    finally:
+        model_info.served_models.cache_clear()
