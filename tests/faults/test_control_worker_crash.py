@@ -71,6 +71,33 @@ def test_control_worker_killed_mid_validation_validates_again(start_server):
     assert "1 validation(s) restarted" in log
 
 
+def unpublished_chunks(server) -> list:
+    """Chunks dispatched (queued) whose message is not published yet."""
+    return query(server, "SELECT id FROM batches_chunk WHERE status = 'queued' "
+                 "AND published_at IS NULL")
+
+
+def freeze_between_dispatches(server, control) -> None:
+    """SIGSTOP the control worker, but not between a dispatch's commit and its
+    publish: a chunk it dispatched and had not published yet would wait for it, and
+    the batch's chunks would never all close while it is frozen. Frozen there, it is
+    let go until the publish is done and frozen again. (The inference worker
+    publishes what its own flushes dispatch, frozen control or not.)"""
+    for _ in range(10):
+        for process in control:
+            process.send_signal(signal.SIGSTOP)
+        try:
+            wait_until(lambda: not unpublished_chunks(server), timeout=3,
+                       message="the chunks dispatched before the freeze to be published")
+            return
+        except TimeoutError:
+            for process in control:
+                process.send_signal(signal.SIGCONT)
+            wait_until(lambda: not unpublished_chunks(server), timeout=30,
+                       message="the thawed control worker to publish what it dispatched")
+    raise AssertionError("the control worker was frozen mid-dispatch ten times running")
+
+
 def test_control_worker_killed_mid_finalization_finalizes_once(start_server):
     # Given: a running batch
     server, api = start_server(BATCHGEN_SIM_LATENCY_MS="300", BATCHGEN_MAX_POOL_SIZE="1000")
@@ -88,8 +115,7 @@ def test_control_worker_killed_mid_finalization_finalizes_once(start_server):
     # finalization (batch row locked, output file not yet registered). That is where
     # it dies.
     control = server.children(CONTROL)
-    for process in control:
-        process.send_signal(signal.SIGSTOP)
+    freeze_between_dispatches(server, control)
     wait_until(lambda: not {"pending", "queued", "running"} & set(chunk_counts(server,
                                                                             batch["id"])),
                timeout=120, message="every chunk to close")
