@@ -48,7 +48,8 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._pairs: set[_Pair] = set()
         self._listener: socket.socket | None = None
-        self._closed = threading.Event()
+        self._closed = threading.Event()  # set once the port is closed for good
+        self._closing = False  # from the start of close(): restore() no longer listens
         self._delay = 0.0
         self._deadline: threading.Timer | None = None
 
@@ -62,11 +63,12 @@ class TcpProxy:
         return self
 
     def close(self) -> None:
-        self._closed.set()
+        self._closing = True
         if self._deadline is not None:
             self._deadline.cancel()
         self._stop_listening()
         self._drop_all()
+        self._closed.set()  # last: whoever waits on it finds the port closed
 
     def __enter__(self) -> TcpProxy:
         return self.start()
@@ -93,7 +95,7 @@ class TcpProxy:
 
     def restore(self) -> None:
         """The service is back, on the same address."""
-        if self.is_cut and not self._closed.is_set():
+        if self.is_cut and not self._closing:
             self._listen()
 
     def reset(self) -> None:

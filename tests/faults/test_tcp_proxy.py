@@ -71,7 +71,7 @@ def test_reset_drops_connections_but_keeps_accepting(echo_port):
 
 
 def test_proxy_closes_itself_after_its_lifetime(echo_port):
-    proxy = TcpProxy("127.0.0.1", echo_port, lifetime=0.5).start()
+    proxy = TcpProxy("127.0.0.1", echo_port, lifetime=2).start()
     assert not proxy.is_cut  # listening
     assert proxy._closed.wait(timeout=30)
     with pytest.raises(ConnectionRefusedError):
