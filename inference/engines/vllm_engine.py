@@ -582,7 +582,11 @@ def _engine_core_errors(vllm_config: Any) -> Iterator[Any]:
     config["formatters"]["batchgen_plain"] = {"format": "%(message)s"}
     config["handlers"]["batchgen_errors"] = {
         "class": "logging.FileHandler", "filename": errors, "level": "ERROR",
-        "formatter": "batchgen_plain", "delay": True}
+        # Opened when the engine core applies the configuration, not at its first
+        # error: the folder is gone after the start, and a handler opening its file
+        # then would raise out of vLLM's logging call (FileHandler opens outside its
+        # error handling), failing the request that logged.
+        "formatter": "batchgen_plain", "delay": False}
     config["loggers"]["vllm"]["handlers"].append("batchgen_errors")
     path = os.path.join(folder, "logging.json")
     with open(path, "w") as file:
