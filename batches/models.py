@@ -3,9 +3,9 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
-from batches.endpoints import ENDPOINTS
+from serving.endpoints import ENDPOINTS
 
-# The batch endpoints, one member per registered spec (batches/endpoints/).
+# The batch endpoints, one member per registered spec (serving/endpoints/).
 Endpoint = models.TextChoices("Endpoint", [(spec.member, spec.url) for spec in ENDPOINTS.values()])
 
 

@@ -36,7 +36,7 @@ from files.incremental import repair_tail
 from files.models import File, FilePurpose
 from files.selectors import file_bytes_path
 from files.services import file_lock, file_register_output
-from inference.model_info import model_routes
+from serving.model_info import model_routes
 
 logger = logging.getLogger("batchgen.batches")
 

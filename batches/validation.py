@@ -15,9 +15,9 @@ from typing import Any
 import orjson
 
 from batches.chunking import ContiguousChunker, PrefixGroupingChunker, read_order
-from batches.endpoints import endpoint_spec
-from batches.line_checks import LineError, shown
-from batches.line_schema import DecodeError
+from serving.endpoints import endpoint_spec
+from serving.line_checks import LineError, shown
+from serving.line_schema import DecodeError
 
 BOM = b"\xef\xbb\xbf"
 MAX_CUSTOM_ID_LENGTH = 512

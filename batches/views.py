@@ -24,7 +24,7 @@ from batchgen_site.representation import represent
 from files import storage
 from files.incremental import enclosing_line, read_range, whole_lines_end
 from files.views import IgnoreClientContentNegotiation
-from inference.model_info import served_model
+from serving.model_info import served_model
 
 
 def _batch_id(batch_id: str) -> str:

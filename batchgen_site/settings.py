@@ -43,7 +43,7 @@ RUN_DIR = STORAGE_PATH / "run"
 BATCHGEN_MODEL = SETTINGS["BATCHGEN_MODEL"] or str(
     STORAGE_PATH / "models" / "SmolLM2-135M-Instruct"
 )
-# name=path[:engine],...: several served models (inference/model_info.py). Unset,
+# name=path[:engine],...: several served models (serving/model_info.py). Unset,
 # with BATCHGEN_MODEL given: that one model, under its folder's name. Neither set:
 # the bundled chat model and the bundled embedding model, so a newcomer sees both.
 DEFAULT_MODELS = ",".join(f"{name}={STORAGE_PATH / 'models' / name}"

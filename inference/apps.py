@@ -8,12 +8,12 @@ class InferenceConfig(AppConfig):
     def ready(self) -> None:
         from batches import availability, dispatch, recovery
         from inference import signals  # noqa: F401 - connects the worker hooks
-        from inference.model_info import served_models
         from inference.selectors import (
             chunks_held_by_live_workers,
             dispatch_window,
             models_without_ready_worker,
         )
+        from serving.model_info import served_models
 
         # The dispatcher asks the SchedulingPool how many chunks each model's workers
         # can hold, and the model registry which models are served.

@@ -43,7 +43,6 @@ from celery.exceptions import Reject
 from django.conf import settings
 
 from batches.chunks import ChunkWork, reconcile_counts
-from batches.endpoints import endpoint_spec
 from batches.usage import Usage
 from batches.validation import read_chunk
 from batchgen_site.errors import is_storage_full
@@ -66,6 +65,7 @@ from inference.engines import (
 from inference.ledger import ChunkLedger
 from inference.output import format_line
 from inference.slots import Cost, SlotPool, estimate_cost
+from serving.endpoints import endpoint_spec
 
 logger = logging.getLogger("batchgen.inference")
 
@@ -84,8 +84,8 @@ _WAKE = object()  # put in a chunk's result queue: room was freed, it may be its
 def engine_config_from_settings() -> EngineConfig:
     """The config of this worker's engine: its model (BATCHGEN_WORKER_MODEL, else
     the default), the settings every engine reads, then those its spec names
-    (inference/engines/registry.py)."""
-    from inference.model_info import adapters_of, model_by_id, served_model
+    (serving/engines/registry.py)."""
+    from serving.model_info import adapters_of, model_by_id, served_model
 
     model = served_model()
     if settings.BATCHGEN_WORKER_MODEL:

@@ -51,7 +51,7 @@ def _consume_own_model_queue(app) -> None:
     queues = app.amqp.queues
     if QueueName.INFERENCE.value not in queues.consume_from:
         return
-    from inference.model_info import served_model
+    from serving.model_info import served_model
 
     model = settings.BATCHGEN_WORKER_MODEL or served_model().id
     # queues[name] declares it as the publisher does (exchange and routing key of its name).

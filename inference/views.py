@@ -9,7 +9,7 @@ from batchgen_site.errors import NotFound, error_responses
 from batchgen_site.pagination import list_envelope_serializer
 from batchgen_site.representation import represent
 from inference import selectors
-from inference.model_info import SERVER_STARTED, ModelInfo, served_adapters, served_models
+from serving.model_info import SERVER_STARTED, ModelInfo, served_adapters, served_models
 
 
 class ModelPoolStatusSerializer(serializers.Serializer):

@@ -126,8 +126,8 @@ def published(monkeypatch):
 def runtime_factory(published):
     """Start inference runtimes on the simulated engine, in process; all are stopped
     at the end of the test."""
-    from inference.engines.base import EngineConfig
     from inference.runtime import InferenceRuntime
+    from serving.engines.base import EngineConfig
 
     runtimes = []
 

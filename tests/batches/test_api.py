@@ -10,8 +10,8 @@ from django.utils import timezone
 
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
 from files.models import File, FilePurpose
-from inference.model_info import served_model
 from inference.models import Worker
+from serving.model_info import served_model
 from tests.conftest import chat_line, jsonl
 from tests.files.test_api import assert_envelope
 

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from batches.endpoints import endpoint_spec
 from batches.validation import read_chunk, validate_file
+from serving.endpoints import endpoint_spec
 from tests.conftest import jsonl
 
 SYSTEMS = [f"You are assistant number {n}. " + "Follow these rules. " * 40 for n in range(4)]

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from batches.endpoints import ENDPOINTS, EndpointSpec, endpoint_spec
-from batches.endpoints.base import register
 from batches.models import Endpoint
+from serving.endpoints import ENDPOINTS, EndpointSpec, endpoint_spec
+from serving.endpoints.base import register
 
 ROOT = Path(__file__).resolve().parents[2]
 # Code that must ask the registry rather than know an endpoint.
-APPS = ("batches", "inference", "files")
+APPS = ("serving", "batches", "inference", "files")
 URL = re.compile(r"/v1/(chat/completions|completions|embeddings|responses)\b")
 
 

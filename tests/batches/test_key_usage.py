@@ -22,8 +22,8 @@ from batchgen_site.auth import apikey_create
 from batchgen_site.models import ApiKey, KeyUsage
 from files import storage
 from files.incremental import append_lines
-from inference.engines.base import EngineResult
 from inference.output import format_line
+from serving.engines.base import EngineResult
 from tests.conftest import chat_line, jsonl
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from batches.endpoints import ENDPOINTS
 from inference.engines import ENGINES, EngineConfig, engine_spec, load_engine
 from inference.engines.simulated import SimulatedEngine
+from serving.endpoints import ENDPOINTS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,8 +31,8 @@ def test_every_engine_serves_only_registered_endpoints():
 
 
 def test_the_engine_config_takes_the_settings_its_spec_names(settings):
-    from inference.model_info import served_model
     from inference.runtime import engine_config_from_settings
+    from serving.model_info import served_model
 
     settings.BATCHGEN_ENGINE = "simulated"
     settings.BATCHGEN_SIM_LATENCY_MS = 12.5

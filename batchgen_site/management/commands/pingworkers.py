@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from batchgen_site.celery import app
 from batchgen_site.management.commands.serve import inference_node_names
-from inference.model_info import served_models
+from serving.model_info import served_models
 
 
 class Command(BaseCommand):

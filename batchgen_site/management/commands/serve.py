@@ -20,8 +20,8 @@ from batchgen_site.config import SERVER_SETTINGS, value
 from batchgen_site.cpu_placement import CpuPlacement
 from batchgen_site.gpus import GpuSlicingError, gpu_slices, visible_gpus
 from batchgen_site.supervisor import INFERENCE_GROUP, Program, Supervisor
-from inference.engines.registry import engine_spec
-from inference.model_info import ModelListError, served_adapters, served_models
+from serving.engines.registry import engine_spec
+from serving.model_info import ModelListError, served_adapters, served_models
 
 logger = logging.getLogger("batchgen.serve")
 
