@@ -43,8 +43,8 @@ from celery.exceptions import Reject
 from django.conf import settings
 
 from batches.chunks import ChunkWork, reconcile_counts
+from batches.input_file import read_chunk
 from batches.usage import Usage
-from batches.validation import read_chunk
 from batchgen_site.errors import is_storage_full
 from batchgen_site.outage import dependency_down, outage_began
 from batchgen_site.publishing import publish

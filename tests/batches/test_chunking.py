@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from batches.validation import read_chunk, validate_file
+from batches.input_file import read_chunk
+from batches.validation import validate_file
 from serving.endpoints import endpoint_spec
 from tests.conftest import jsonl
 
