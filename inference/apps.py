@@ -13,12 +13,10 @@ class InferenceConfig(AppConfig):
             dispatch_window,
             models_without_ready_worker,
         )
-        from serving.model_info import served_models
 
         # The dispatcher asks the SchedulingPool how many chunks each model's workers
-        # can hold, and the model registry which models are served.
+        # can hold.
         dispatch.window_source = dispatch_window
-        dispatch.models_source = lambda: [model.id for model in served_models()]
         # Recovery asks which chunks the live workers hold (prefetched ones too).
         recovery.held_source = chunks_held_by_live_workers
         # The model watch asks which served models have no ready worker.
