@@ -379,7 +379,7 @@ def test_file_delete_refused_by_the_service_keeps_the_file(admin_client, make_ba
                                                            monkeypatch):
     # A batch started on the file after the confirmation page was shown.
     file_id = make_batch(2).input_file_id
-    monkeypatch.setattr("files.admin.file_in_active_use", lambda file_id: False)
+    monkeypatch.setattr("batches.files_admin.file_in_active_use", lambda file_id: False)
 
     response = admin_client.post(url("files_file_delete", file_id), {"post": "yes"},
                                  follow=True)
