@@ -25,7 +25,7 @@ from django.utils.html import format_html, format_html_join
 from batches.files_admin import file_download_url  # and registers the Files admin
 from batches.models import ACTIVE_STATUSES, Batch, BatchStatus, Chunk
 from batches.services import batch_cancel
-from batchgen_site.errors import BatchGenError
+from core.errors import BatchGenError
 from files import storage
 
 TAIL_LINES = 20

@@ -42,8 +42,8 @@ from batches.dispatch import dispatch, publish_chunks, send_finalize
 from batches.locks import lock_ids
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
 from batches.usage import USAGE_COLUMNS, USAGE_FIELDS, Usage
-from batchgen_site.errors import StorageFull
-from batchgen_site.transient import retry_transient
+from core.errors import StorageFull
+from core.transient import retry_transient
 from files import storage
 from serving.params import BatchParams
 

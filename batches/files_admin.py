@@ -22,7 +22,7 @@ from django.utils.html import format_html, format_html_join
 
 from batches.models import Batch
 from batches.selectors import file_in_active_use
-from batchgen_site.errors import Conflict
+from core.errors import Conflict
 from files import storage
 from files.models import File
 from files.services import file_delete

@@ -94,7 +94,7 @@ class Batch(models.Model):
     priority = models.PositiveIntegerField(default=1)
     # Chunks are ranges of the order file {storage}/chunks/{id}.order (prefix grouping).
     grouped = models.BooleanField(default=False)
-    owner = models.ForeignKey("batchgen_site.ApiKey", on_delete=models.SET_NULL, null=True,
+    owner = models.ForeignKey("core.ApiKey", on_delete=models.SET_NULL, null=True,
                               blank=True, related_name="+")
     dispatch_pass = models.FloatField(default=0.0)
 

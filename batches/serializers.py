@@ -6,7 +6,7 @@ from rest_framework import serializers
 from batches.models import ERRORS_SHOWN, Batch, Endpoint
 from batches.usage import batch_usage
 from batches.validation import MAX_LISTED_ERRORS
-from batchgen_site.pagination import list_envelope_serializer
+from core.pagination import list_envelope_serializer
 from files.serializers import ExpiresAfterSerializer, UnixTimestampField
 from serving.endpoints import NOT_BATCHED
 from serving.model_info import served_models

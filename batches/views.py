@@ -16,11 +16,11 @@ from batches.serializers import (
     BatchOutputInputSerializer,
     BatchOutputSerializer,
 )
-from batchgen_site.auth import request_owner
-from batchgen_site.errors import BatchGenError, checked_id, error_responses
-from batchgen_site.pagination import list_page
-from batchgen_site.parsers import JSONParser
-from batchgen_site.representation import represent
+from core.auth import request_owner
+from core.errors import BatchGenError, checked_id, error_responses
+from core.pagination import list_page
+from core.parsers import JSONParser
+from core.representation import represent
 from files import storage
 from files.incremental import enclosing_line, read_range, whole_lines_end
 from files.views import IgnoreClientContentNegotiation

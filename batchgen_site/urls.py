@@ -54,6 +54,6 @@ urlpatterns = [
     re_path(r"^static/(?P<path>.*)$", serve_static, {"insecure": True}),
 ]
 
-handler400 = "batchgen_site.errors.handler400"
-handler404 = "batchgen_site.errors.handler404"
-handler500 = "batchgen_site.errors.handler500"
+handler400 = "core.errors.handler400"
+handler404 = "core.errors.handler404"
+handler500 = "core.errors.handler500"

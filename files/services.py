@@ -13,8 +13,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from batchgen_site.errors import BatchGenError, Conflict, NotFound
-from batchgen_site.ids import new_id
+from core.errors import BatchGenError, Conflict, NotFound
+from core.ids import new_id
 from files import storage
 from files.models import File, FilePurpose, FileStatus
 from files.upload import StreamedUpload

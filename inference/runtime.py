@@ -45,10 +45,10 @@ from django.conf import settings
 from batches.chunks import ChunkWork, reconcile_counts
 from batches.input_file import read_chunk
 from batches.usage import Usage
-from batchgen_site.errors import is_storage_full
-from batchgen_site.outage import dependency_down, outage_began
-from batchgen_site.publishing import publish
-from batchgen_site.supervisor import TERMINATION_LOG_ENV
+from core.errors import is_storage_full
+from core.outage import dependency_down, outage_began
+from core.publishing import publish
+from core.termination import TERMINATION_LOG_ENV
 from files.incremental import append_lines, probe_room, scan_results
 from inference.database import WorkerDatabase
 from inference.engines import (
@@ -623,7 +623,7 @@ class InferenceRuntime:
 
 
 def _outage(error: BaseException) -> bool:
-    """Whether `error` is a dependency's outage (said once by batchgen_site.outage),
+    """Whether `error` is a dependency's outage (said once by core.outage),
     not a failure to log on its own."""
     dependency = dependency_down(error)
     if dependency is not None:

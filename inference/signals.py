@@ -11,7 +11,7 @@ import math
 from celery import signals
 from django.conf import settings
 
-from batchgen_site.celery import QueueName, inference_queue, is_inference_queue
+from core.celery import QueueName, inference_queue, is_inference_queue
 
 logger = logging.getLogger("batchgen.inference")
 

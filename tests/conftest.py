@@ -42,7 +42,7 @@ def fresh_process_state():
     takes its keys away)."""
     from django.core.cache import caches
 
-    from batchgen_site.auth import forget_keys_seen
+    from core.auth import forget_keys_seen
 
     caches["default"].clear()
     forget_keys_seen()

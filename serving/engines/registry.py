@@ -35,7 +35,7 @@ SIMULATED_CONTEXT = 8192
 class EngineSpec:
     name: str  # BATCHGEN_ENGINE's value
     engine_class: str  # "module:Class", imported by load_engine only
-    # EngineConfig field -> the Django setting (batchgen_site/config.py's table) it
+    # EngineConfig field -> the Django setting (core/config.py's table) it
     # comes from, for the settings this engine alone reads.
     settings: Mapping[str, str] = field(default_factory=dict)
     endpoints: tuple[str, ...] = tuple(ENDPOINTS)  # the batch endpoints it can serve

@@ -18,8 +18,8 @@ from django.test.utils import CaptureQueriesContext
 from batches import chunks, quotas, services
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
 from batches.usage import Usage
-from batchgen_site.auth import apikey_create
-from batchgen_site.models import ApiKey, KeyUsage
+from core.auth import apikey_create
+from core.models import ApiKey, KeyUsage
 from files import storage
 from files.incremental import append_lines
 from inference.output import format_line

@@ -16,8 +16,8 @@ from batches import quotas, services
 from batches.models import BatchStatus, Chunk
 from batches.usage import Usage
 from batches.validation import parse_line, validate_file
-from batchgen_site.auth import apikey_create
-from batchgen_site.models import KeyUsage
+from core.auth import apikey_create
+from core.models import KeyUsage
 from files import storage
 from inference.engines.simulated import SimulatedEngine
 from inference.slots import estimate_cost

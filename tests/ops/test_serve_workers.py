@@ -218,7 +218,7 @@ def two_models_two_workers(settings):
 @pytest.fixture
 def pings(monkeypatch):
     """Answer pings from the node names given; records the names pinged."""
-    from batchgen_site.celery import app
+    from core.celery import app
 
     asked: list[str] = []
     answering: set[str] = set()

@@ -103,7 +103,7 @@ def test_health_ignores_workers_that_are_gone(api, stale):
 
 def test_health_is_503_when_the_broker_is_unreachable(api, monkeypatch):
     worker()
-    from batchgen_site.celery import app
+    from core.celery import app
 
     def refuse(*args, **kwargs):
         raise ConnectionRefusedError("broker down")

@@ -32,8 +32,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from batches.models import Batch, BatchStatus
-from batchgen_site.ids import new_id
 from batchgen_site.wsgi import application
+from core.ids import new_id
 from files.models import File, FilePurpose, FileStatus
 from inference.models import Worker
 from serving.model_info import served_model

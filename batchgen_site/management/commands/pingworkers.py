@@ -9,8 +9,8 @@ from celery.utils.nodenames import host_format
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from batchgen_site.celery import app
 from batchgen_site.management.commands.serve import inference_node_names
+from core.celery import app
 from serving.model_info import served_models
 
 
