@@ -47,6 +47,9 @@ class ValidationReport:
         if len(self.errors) < MAX_LISTED_ERRORS:
             self.errors.append({"code": code, "message": message, "line": line, "param": param})
 
+    def add_line_error(self, line: int, error: LineError) -> None:
+        self.add_error(line, error.code, error.message, error.param)
+
 
 def _skip_rest_of_line(fh) -> int:
     """Read past the rest of an over-long line in bounded pieces; bytes skipped."""
@@ -100,6 +103,22 @@ def model_not_found(model: str, served: Collection[str], endpoint: str) -> LineE
                      "body.model")
 
 
+def line_too_long(max_line_bytes: int) -> LineError:
+    return LineError("line_too_long", f"Line is longer than the server's limit of "
+                     f"{max_line_bytes} bytes (BATCHGEN_MAX_LINE_BYTES).")
+
+
+def duplicate_custom_id(custom_id: str) -> LineError:
+    return LineError("duplicate_custom_id", f"custom_id {custom_id!r} appears more than once.",
+                     "custom_id")
+
+
+def too_many_requests(max_requests: int) -> LineError:
+    return LineError("too_many_requests",
+                     f"A batch holds at most {max_requests} requests "
+                     "(BATCHGEN_MAX_REQUESTS_PER_BATCH); this line is one more.")
+
+
 def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes: int,
                   max_requests: int, order_path: Path | None = None,
                   models: Mapping[str, str] | None = None) -> ValidationReport:
@@ -113,74 +132,9 @@ def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes:
     report = ValidationReport()
     chunker = (PrefixGroupingChunker(chunk_size, endpoint, order_path)
                if order_path is not None else ContiguousChunker(chunk_size, endpoint))
-    # Uniqueness by 64-bit hashes of the ids, not the ids: flat memory for a million
-    # lines (a false duplicate needs a collision, about 1 in 10^7 for 10^6 ids).
-    seen: set[int] = set()
-    add_to_chunk = chunker.add
-    parse = parse_line
-    spec = endpoint_spec(endpoint)
-    decode = spec.decoder.decode
-    key_of_line = spec.prefix_key_of_line
-    grouped = chunker.grouped
-    line_number = 0
-    offset = 0
     try:
-        with path.open("rb") as fh:
-            readline = fh.readline
-            limit = max_line_bytes + 1
-            while raw := readline(limit):
-                line_start = offset
-                offset += len(raw)
-                line_number += 1
-                if len(raw) == limit and not raw.endswith(b"\n"):
-                    offset += _skip_rest_of_line(fh)
-                    report.add_error(line_number, "line_too_long",
-                                     f"Line is longer than the server's limit of "
-                                     f"{max_line_bytes} bytes (BATCHGEN_MAX_LINE_BYTES).")
-                    continue
-                if line_number == 1 and raw.startswith(BOM):
-                    raw = raw[len(BOM):]
-                    line_start += len(BOM)
-                if not raw.strip():
-                    continue
-                try:
-                    line = decode(raw)
-                    custom_id = line.custom_id
-                    model = line.body.model
-                    key = key_of_line(line) if grouped else 0
-                except DecodeError:
-                    # The slow path names the problem, or accepts what the strict
-                    # types did not (a float 1.0 for n, say).
-                    try:
-                        item = parse(raw, endpoint=endpoint)
-                    except LineError as error:
-                        report.add_error(line_number, error.code, error.message, error.param)
-                        continue
-                    custom_id = item["custom_id"]
-                    model = item["body"]["model"]
-                    key = spec.prefix_key(item["body"]) if grouped else 0
-                if models is not None:
-                    if model not in models:
-                        error = model_not_found(model, models, endpoint)
-                        report.add_error(line_number, error.code, error.message, error.param)
-                        continue
-                    model = models[model]
-                digest = hash(custom_id)
-                if digest in seen:
-                    report.add_error(line_number, "duplicate_custom_id",
-                                     f"custom_id {custom_id!r} appears more than once.",
-                                     "custom_id")
-                    continue
-                seen.add(digest)
-                report.total += 1
-                if report.total > max_requests:
-                    report.add_error(line_number, "too_many_requests",
-                                     f"A batch holds at most {max_requests} requests "
-                                     "(BATCHGEN_MAX_REQUESTS_PER_BATCH); this line is one "
-                                     "more.")
-                    break
-                if not report.invalid:  # once a line is bad nothing will be queued
-                    add_to_chunk(line_start, offset, line_number, key, model)
+        _check_lines(path, report, chunker, endpoint=endpoint, max_line_bytes=max_line_bytes,
+                     max_requests=max_requests, models=models)
         chunker.finish()
     except BaseException:
         chunker.discard()
@@ -191,3 +145,74 @@ def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes:
     report.grouped = chunker.grouped
     report.chunks = [ChunkSpan(*chunk) for chunk in chunker.chunks]
     return report
+
+
+def _check_lines(path: Path, report: ValidationReport,
+                 chunker: ContiguousChunker | PrefixGroupingChunker, *, endpoint: str,
+                 max_line_bytes: int, max_requests: int,
+                 models: Mapping[str, str] | None) -> None:
+    """The one pass over the file: each line decoded and checked, its error reported,
+    or, while no line is bad, its request added to the chunker. The loop runs once
+    per line of a file of up to millions: what it calls is looked up once, here."""
+    # Uniqueness by 64-bit hashes of the ids, not the ids: flat memory for a million
+    # lines (a false duplicate needs a collision, about 1 in 10^7 for 10^6 ids).
+    seen: set[int] = set()
+    add_to_chunk = chunker.add
+    spec = endpoint_spec(endpoint)
+    decode = spec.decoder.decode
+    key_of_line = spec.prefix_key_of_line
+    grouped = chunker.grouped
+    line_number = 0
+    offset = 0
+    with path.open("rb") as fh:
+        readline = fh.readline
+        limit = max_line_bytes + 1
+        while raw := readline(limit):
+            line_start = offset
+            offset += len(raw)
+            line_number += 1
+            if len(raw) == limit and not raw.endswith(b"\n"):
+                offset += _skip_rest_of_line(fh)
+                report.add_line_error(line_number, line_too_long(max_line_bytes))
+                continue
+            if line_number == 1 and raw.startswith(BOM):
+                raw = raw[len(BOM):]
+                line_start += len(BOM)
+            if not raw.strip():
+                continue
+            try:
+                line = decode(raw)
+                custom_id = line.custom_id
+                model = line.body.model
+                key = key_of_line(line) if grouped else 0
+            except DecodeError:
+                try:
+                    custom_id, model, key = _check_slowly(raw, endpoint, grouped)
+                except LineError as error:
+                    report.add_line_error(line_number, error)
+                    continue
+            if models is not None:
+                if model not in models:
+                    report.add_line_error(line_number, model_not_found(model, models, endpoint))
+                    continue
+                model = models[model]
+            digest = hash(custom_id)
+            if digest in seen:
+                report.add_line_error(line_number, duplicate_custom_id(custom_id))
+                continue
+            seen.add(digest)
+            report.total += 1
+            if report.total > max_requests:
+                report.add_line_error(line_number, too_many_requests(max_requests))
+                break
+            if not report.invalid:  # once a line is bad nothing will be queued
+                add_to_chunk(line_start, offset, line_number, key, model)
+
+
+def _check_slowly(raw: bytes, endpoint: str, grouped: bool) -> tuple[str, str, Any]:
+    """The slow path, for a line the strict types refused: it names the problem
+    (LineError), or accepts what they did not (a float 1.0 for n, say). The line's
+    custom_id, model and prefix key."""
+    item = parse_line(raw, endpoint=endpoint)
+    key = endpoint_spec(endpoint).prefix_key(item["body"]) if grouped else 0
+    return item["custom_id"], item["body"]["model"], key
