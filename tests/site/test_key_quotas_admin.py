@@ -89,6 +89,19 @@ def test_the_admin_edits_a_keys_quotas_and_shows_what_it_holds_and_used(admin_cl
     assert "team-a" in usage and "42 tokens" in usage
 
 
+def test_the_admins_key_pages_from_before_the_move_to_core_lead_to_them(admin_client):
+    key, _ = apikey_create(name="team-a")
+
+    change = admin_client.get(f"/admin/batchgen_site/apikey/{key.pk}/change/")
+    listing = admin_client.get("/admin/batchgen_site/apikey/?revoked_at__isempty=1",
+                               follow=True)
+
+    assert (change.status_code, change["Location"]) == (
+        301, f"/admin/core/apikey/{key.pk}/change/")
+    assert listing.redirect_chain == [("/admin/core/apikey/?revoked_at__isempty=1", 301)]
+    assert "team-a" in listing.content.decode()
+
+
 def test_the_admin_refuses_a_weight_out_of_bounds(admin_client):
     key, _ = apikey_create(name="team-a")
 
