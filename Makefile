@@ -10,6 +10,12 @@ PIP := $(PY) -m pip
 STORAGE ?= $(CURDIR)/storage
 STAMP := $(VENV)/.installed
 TEST_POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/postgres
+# The suite runs in this many pytest-xdist workers. Most of its time is spent waiting
+# on real processes (servers starting, brokers cut off, batches draining), so two
+# streams overlap that waiting on a 2-core machine; the real-engine tests still run
+# one at a time in one of them (tests/xdist_schedule.py). TEST_WORKERS=0 runs it serially.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 
 .PHONY: run test install model lint clean browser
@@ -19,12 +25,12 @@ run: install
 
 test: install model browser
 	CI=$${CI:-} BATCHGEN_TEST_MODEL_DIR=$(STORAGE)/models/SmolLM2-135M-Instruct \
-	  $(PY) -m pytest $(PYTEST_ARGS)
+	  $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 	@# The API and service tests again, on PostgreSQL (skipped with a message where
 	@# none runs, a failure in CI).
 	rc=0; $(PY) -m tests.services postgresql || rc=$$?; \
 	if [ $$rc = 0 ]; then \
-	  DATABASE_URL=$(TEST_POSTGRES_URL) $(PY) -m pytest -m "not e2e and not vllm" \
+	  DATABASE_URL=$(TEST_POSTGRES_URL) $(PY) -m pytest -m "not e2e and not vllm" $(XDIST) \
 	    -p no:cacheprovider tests/files tests/batches tests/inference tests/site tests/corpus tests/ops tests/webhooks \
 	    $(PYTEST_ARGS); \
 	elif [ $$rc != 2 ]; then exit $$rc; fi

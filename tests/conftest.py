@@ -8,18 +8,29 @@ from django.core.files.uploadedfile import SimpleUploadedFile  # noqa: F401
 from rest_framework.test import APIClient
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Tests marked `postgresql` prove row-lock behaviour SQLite does not have (its
     writers take turns). The SQLite pass leaves them out rather than skipping them;
     `make test`'s PostgreSQL pass runs them."""
     from django.conf import settings
 
-    if settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
-        return
-    kept = [item for item in items if item.get_closest_marker("postgresql") is None]
-    if len(kept) != len(items):
-        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
-        items[:] = kept
+    if not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        kept = [item for item in items if item.get_closest_marker("postgresql") is None]
+        if len(kept) != len(items):
+            config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+            items[:] = kept
+    if hasattr(config, "workerinput"):  # an xdist worker: see tests/xdist_schedule.py
+        from tests.xdist_schedule import prepare_worker_items
+
+        prepare_worker_items(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from tests.xdist_schedule import make_scheduler
+
+    return make_scheduler(config, log)
 
 
 @pytest.fixture(autouse=True)
