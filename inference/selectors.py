@@ -11,7 +11,7 @@ from django.utils import timezone
 from batches.intake import intake_reserved
 from batches.models import ACTIVE_STATUSES, Batch, Chunk, ChunkStatus
 from inference.model_info import served_models
-from inference.models import Worker
+from inference.models import Residency, Worker
 
 
 def live_workers() -> QuerySet[Worker]:
@@ -45,7 +45,14 @@ def models_without_ready_worker() -> list[str]:
     nothing runs their requests now (/health; batches waiting for them,
     batches/availability.py)."""
     ready = set(live_workers().filter(ready=True).values_list("model", flat=True))
+    if multiplexing_workers().filter(ready=True).exists():
+        return []  # they hold each model in turn (inference/residency.py)
     return [model.id for model in served_models() if model.id not in ready]
+
+
+def multiplexing_workers() -> QuerySet[Worker]:
+    """The live workers that hold whichever model the residency scheduler gives them."""
+    return live_workers().filter(name__in=Residency.objects.values("worker"))
 
 
 def live_workers_by_model() -> dict[str, int]:
