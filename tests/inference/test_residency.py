@@ -229,3 +229,35 @@ def wait_for(predicate, timeout: float = 30.0) -> None:
     from tests.e2e.harness import wait_until
 
     wait_until(predicate, timeout=timeout, interval=0.02)
+
+
+# --- what it shows ----------------------------------------------------------------------------
+
+
+@pytestmark_db
+def test_models_and_pool_status_show_residency_swaps_and_the_wait(
+        api, two_models, batch_in_progress):
+    from inference.selectors import pool_status
+
+    # Given: "m" resident on w1 after a swap from "e" that took 5 s, and a batch of "e"
+    # whose model is now resident nowhere
+    live_worker("w1", model="m")
+    Residency.objects.create(worker="w1", model="m")
+    ModelSwap.objects.create(worker="w1", from_model="e", to_model="m", reason="stretch",
+                             decided_at=timezone.now(), seconds=5.0, drain_seconds=1.0)
+    batch = batch_in_progress(3, chunk_size=3)
+    Chunk.objects.filter(batch=batch).update(model="e")
+
+    models = {m["id"]: m for m in api.get("/v1/models").json()["data"]}
+    pool = pool_status()
+
+    assert (models["m"]["resident"], models["m"]["resident_on"]) == (True, ["w1"])
+    assert (models["e"]["resident"], models["e"]["live"]) == (False, True)
+    assert pool["multiplexing"] == {"workers": 1, "swaps": 1, "swaps_done": 1, "loads": 0,
+                                    "swap_seconds": 5.0, "swap_hand_back_seconds": 1.0}
+    by_model = {row["model"]: row for row in pool["models"]}
+    assert by_model["m"]["resident_on"] == ["w1"] and by_model["m"]["waiting_seconds"] is None
+    assert by_model["e"]["resident_on"] == [] and by_model["e"]["waiting_seconds"] >= 0
+    metrics = api.get("/metrics").content.decode()
+    assert "batchgen_model_swaps_total 1.0" in metrics
+    assert 'batchgen_model_requests_open{model="e"} 3.0' in metrics
