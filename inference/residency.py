@@ -21,8 +21,10 @@ benchmarks/multiplex.py), in order:
    swap takes), whatever the stretch. Of the candidates it takes first a worker whose
    model another worker also holds (that model stays resident), then the longest
    stretch.
-4. A worker left idle joins the model with the most open requests per worker, when
-   that is at least SPREAD_MIN_REQUESTS: a second worker on a large batch.
+4. A worker left idle joins the model with the most open requests per worker when
+   that pays for its swap: the time the model's queue takes drops by more than a
+   swap costs (measured from the workers' rate; SPREAD_MIN_REQUESTS before any rate
+   is known). A second worker on a large batch, not on its last few chunks.
 
 What it promises: with one worker and every batch submitted together, each model with
 work becomes resident once (as many loads as models, one swap fewer), as long as each
@@ -89,7 +91,8 @@ class Decision:
 
 
 def plan(workers: list[WorkerState], demand: list[ModelDemand], *, now: float,
-         stretch: float, max_wait: float, swap_seconds: float) -> list[Decision]:
+         stretch: float, max_wait: float, swap_seconds: float,
+         rate: float | None = None) -> list[Decision]:
     """What each worker that must change model is to hold next (the policy above)."""
     open_requests = {d.model: d.requests for d in demand if d.requests > 0}
     assigned = {w.name: w.model for w in workers}
@@ -116,7 +119,7 @@ def plan(workers: list[WorkerState], demand: list[ModelDemand], *, now: float,
     for worker in idle:
         if assigned[worker.name] != worker.model:
             continue
-        target = _largest_per_worker(open_requests, assigned)
+        target = _worth_joining(open_requests, assigned, swap_seconds=swap_seconds, rate=rate)
         if target is not None and target != worker.model:
             assign(worker, target, Reason.SPREAD)
     return decisions
@@ -137,15 +140,23 @@ def _preemptible(workers: list[WorkerState], assigned: dict[str, str],
     return min(candidates, key=lambda w: (holders[w.model] < 2, w.since, w.name))
 
 
-def _largest_per_worker(open_requests: dict[str, int], assigned: dict[str, str]) -> str | None:
+def _worth_joining(open_requests: dict[str, int], assigned: dict[str, str], *,
+                   swap_seconds: float, rate: float | None) -> str | None:
+    """The model with the most open requests per worker, if one more worker on it
+    saves more time than its swap costs (`rate`: requests a second one worker runs):
+    with h workers, N requests take N/(h·rate) s, with h+1 a swap plus N/((h+1)·rate)."""
     holders: dict[str, int] = {}
     for model in assigned.values():
         holders[model] = holders.get(model, 0) + 1
     best = max(open_requests, default=None,
                key=lambda m: (open_requests[m] / (holders.get(m, 0) + 1), m))
-    if best is None or open_requests[best] / (holders.get(best, 0) + 1) < SPREAD_MIN_REQUESTS:
+    if best is None:
         return None
-    return best
+    held = holders.get(best, 0)
+    if rate and held:
+        saved = open_requests[best] / rate * (1 / held - 1 / (held + 1))
+        return best if saved > swap_seconds else None
+    return best if open_requests[best] / (held + 1) >= SPREAD_MIN_REQUESTS else None
 
 
 # --- the decider: the figures from the database, the decisions written back -----------------
@@ -175,6 +186,17 @@ def swap_seconds_estimate() -> float:
     if not recent:
         return DEFAULT_SWAP_SECONDS
     return max(seconds + (drain or 0) for seconds, drain in recent)
+
+
+def worker_rate(now: datetime) -> float | None:
+    """Requests a second one live worker has run since it started (the fastest's), or
+    None before any has run one."""
+    from inference.selectors import live_workers
+
+    rates = [completed / max((now - started).total_seconds(), 1.0) for completed, started
+             in live_workers().filter(requests_completed__gt=0)
+             .values_list("requests_completed", "started_at")]
+    return max(rates, default=None)
 
 
 def _workers(live: dict[str, tuple[str, bool]]) -> list[WorkerState]:
@@ -210,7 +232,7 @@ def residency_decide() -> list[Decision]:
         decisions = plan(workers, model_demand(now), now=now.timestamp(),
                          stretch=settings.BATCHGEN_MODEL_STRETCH_SECONDS,
                          max_wait=settings.BATCHGEN_MAX_MODEL_WAIT_SECONDS,
-                         swap_seconds=swap_seconds_estimate())
+                         swap_seconds=swap_seconds_estimate(), rate=worker_rate(now))
         held = {w.name: w.model for w in workers}
         return [d for d in decisions if _write(d, held[d.worker], now)]
 

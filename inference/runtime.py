@@ -206,13 +206,16 @@ class InferenceRuntime:
         if self.multiplex and self.swapper is None:
             self.swapper = ModelSwapper(self).start()
 
-    def replace_engine(self, model_id: str) -> None:
+    def replace_engine(self, model_id: str) -> float:
         """A multiplexing worker's swap, once its chunks are handed back: stop the
         engine (freeing its memory: vLLM's engine core is a child process that ends),
-        start `model_id`'s. Raises what the new engine's start raised."""
+        start `model_id`'s. Returns the seconds the stop took; raises what the new
+        engine's start raised."""
         old, self.engine = self.engine, None
+        began = time.monotonic()
         if old is not None:
             asyncio.run_coroutine_threadsafe(old.shutdown(), self.loop).result(SHUTDOWN_SECONDS)
+        stopped = time.monotonic() - began
         config = engine_config_from_settings(model_id)
         engine = load_engine(config)
         self.config = config
@@ -220,6 +223,7 @@ class InferenceRuntime:
         asyncio.run_coroutine_threadsafe(engine.start(), self.loop).result()
         self.engine = engine
         self._admission()
+        return stopped
 
     def _admission(self) -> None:
         """How this worker admits requests into its engine (inference/slots.py): from

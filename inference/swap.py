@@ -92,16 +92,16 @@ class ModelSwapper:
                 logger.warning("%s chunk(s) not handed back for the swap; their leases will "
                                "expire", runtime.ledger.held)
         drained = time.monotonic()
-        runtime.replace_engine(model)
+        stop_seconds = runtime.replace_engine(model)
         seconds = time.monotonic() - drained
         runtime.swap_cancel.clear()
         runtime.swapping.clear()
         self.swaps += 1
         runtime._beat()
         runtime._switch_queue()
-        logger.info("model swap: %s -> %s took %.1f s (handing back %.1f s, engine stop and "
-                    "start %.1f s)", held, model, time.monotonic() - began, drained - began,
-                    seconds)
+        logger.info("model swap: %s -> %s took %.1f s (handing back %.1f s, engine stop "
+                    "%.1f s, start %.1f s)", held, model, time.monotonic() - began,
+                    drained - began, stop_seconds, seconds - stop_seconds)
         if swap_id is not None:
             runtime.database.call(residency.swap_record, swap_id=swap_id,
                                   started_at=started_at, finished_at=timezone.now(),

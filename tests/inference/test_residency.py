@@ -81,6 +81,17 @@ def test_an_idle_worker_joins_a_large_queue_but_not_a_small_one():
     assert plan(workers, [demand("a", 100)], now=1.0, **POLICY) == []
 
 
+def test_joining_a_queue_must_save_more_time_than_the_swap_costs():
+    # 10 requests/s a worker: 1,000 requests on one worker take 100 s, on two 50 s,
+    # which saves 50 s: worth a 40 s swap, not a 60 s one
+    workers = [worker("w1", "a"), worker("w2", "b")]
+    joins = plan(workers, [demand("a", 1_000)], now=1.0, **{**POLICY, "swap_seconds": 40.0},
+                 rate=10.0)
+    assert [(d.worker, d.model, d.reason) for d in joins] == [("w2", "a", Reason.SPREAD)]
+    assert plan(workers, [demand("a", 1_000)], now=1.0, **{**POLICY, "swap_seconds": 60.0},
+                rate=10.0) == []
+
+
 def simulate_one_worker(work: dict[str, int], *, rate: float, swap: float) -> list[str]:
     """Run the policy against one worker until every model's work is done; the models
     it loaded, in order."""
