@@ -16,7 +16,9 @@ benchmarks/multiplex.py), in order:
    longest-waiting model. A worker whose model ran dry and for which nothing waits
    keeps its model loaded: a later batch of it costs no swap.
 3. A waiting model takes a busy worker when that worker's stretch has ended
-   (BATCHGEN_MODEL_STRETCH_SECONDS since its model became resident) or when the
+   (BATCHGEN_MODEL_STRETCH_SECONDS since its model became resident, but never less
+   than MIN_STRETCH_SWAPS swaps' time, so swapping takes at most about a tenth of a
+   worker's time however costly a swap is here) or when the
    model's wait reaches its deadline (BATCHGEN_MAX_MODEL_WAIT_SECONDS less what a
    swap takes), whatever the stretch. Of the candidates it takes first a worker whose
    model another worker also holds (that model stays resident), then the longest
@@ -57,6 +59,9 @@ RESIDENCY_LOCK = "residency"  # a ControlLock row, taken alone (batches/locks.py
 # An idle worker joins a model already resident elsewhere only for this much work per
 # worker: a swap for a few requests' worth would cost more than it gains.
 SPREAD_MIN_REQUESTS = 400
+# A stretch lasts at least this many swaps' time: swaps then cost at most 1/11 of a
+# busy worker's time (benchmarks/multiplex.py: >= 0.9x the ideal).
+MIN_STRETCH_SWAPS = 10
 # A swap's cost before any has been measured (a CPU vLLM stop and start, measured).
 DEFAULT_SWAP_SECONDS = 40.0
 
@@ -96,6 +101,7 @@ def plan(workers: list[WorkerState], demand: list[ModelDemand], *, now: float,
     """What each worker that must change model is to hold next (the policy above)."""
     open_requests = {d.model: d.requests for d in demand if d.requests > 0}
     assigned = {w.name: w.model for w in workers}
+    stretch = max(stretch, MIN_STRETCH_SWAPS * swap_seconds)
     waiting = sorted((d for d in demand if d.requests > 0 and d.model not in assigned.values()),
                      key=lambda d: (d.waiting_since, d.model))
     decisions: list[Decision] = []

@@ -43,9 +43,12 @@ def test_a_resident_model_keeps_its_worker_within_its_stretch():
 
 
 def test_a_waiting_model_takes_the_worker_once_the_stretch_ends():
-    decisions = plan([worker("w1", "a", since=0.0)], [demand("a", 10), demand("b", 10, 10.0)],
-                     now=301.0, **POLICY)
+    workers, work = [worker("w1", "a", since=0.0)], [demand("a", 10), demand("b", 10, 10.0)]
+    decisions = plan(workers, work, now=301.0, **{**POLICY, "swap_seconds": 5.0})
     assert [(d.model, d.reason) for d in decisions] == [("b", Reason.STRETCH)]
+    # a stretch lasts at least ten swaps' time: with 40 s swaps, 400 s
+    assert plan(workers, work, now=399.0, **POLICY) == []
+    assert plan(workers, work, now=400.0, **POLICY)[0].reason == Reason.STRETCH
 
 
 def test_the_wait_bound_preempts_within_the_stretch_allowing_for_the_swap():
