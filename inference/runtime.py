@@ -27,6 +27,7 @@ itself when an append, or a probe write at a heartbeat, finds room again.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import queue
@@ -147,6 +148,7 @@ class InferenceRuntime:
         self.swapping = threading.Event()  # a swap began: no new request enters the engine
         self.swap_cancel = threading.Event()  # ... and those in flight are handed back
         self.swapper = None
+        self._asleep: dict[str, tuple[Engine, EngineConfig]] = {}  # model -> sleeping engine
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.failed: BaseException | None = None
@@ -207,23 +209,41 @@ class InferenceRuntime:
             self.swapper = ModelSwapper(self).start()
 
     def replace_engine(self, model_id: str) -> float:
-        """A multiplexing worker's swap, once its chunks are handed back: stop the
-        engine (freeing its memory: vLLM's engine core is a child process that ends),
-        start `model_id`'s. Returns the seconds the stop took; raises what the new
-        engine's start raised."""
+        """A multiplexing worker's swap, once its chunks are handed back: put the
+        engine to sleep where it can sleep and its weights fit host memory (vLLM's
+        sleep mode on a GPU), else stop it (freeing its memory: vLLM's engine core is a
+        child process that ends); then wake `model_id`'s engine if it sleeps here, else
+        start it. Returns the seconds the old engine took to sleep or stop; raises
+        what the new engine's start raised."""
         old, self.engine = self.engine, None
         began = time.monotonic()
         if old is not None:
-            asyncio.run_coroutine_threadsafe(old.shutdown(), self.loop).result(SHUTDOWN_SECONDS)
+            self._put_away(old, self.config)
         stopped = time.monotonic() - began
-        config = engine_config_from_settings(model_id)
-        engine = load_engine(config)
+        asleep = self._asleep.pop(model_id, None)
+        engine, config = asleep or (None, dataclasses.replace(
+            engine_config_from_settings(model_id), sleep_mode=True))
         self.config = config
         self.slots = SlotPool(self.slots.capacity, token_budget=config.token_budget)
-        asyncio.run_coroutine_threadsafe(engine.start(), self.loop).result()
+        if engine is not None:
+            self._on_loop(engine.wake_up())
+        else:
+            engine = load_engine(config)
+            self._on_loop(engine.start(), timeout=None)
         self.engine = engine
         self._admission()
         return stopped
+
+    def _put_away(self, engine: Engine, config: EngineConfig) -> None:
+        if engine.can_sleep and fits_host_memory(config.model):
+            self._on_loop(engine.sleep())
+            self._asleep[config.served_model_name] = (engine, config)
+            logger.info("model %s sleeps in host memory", config.served_model_name)
+        else:
+            self._on_loop(engine.shutdown())
+
+    def _on_loop(self, coroutine, *, timeout: float | None = SHUTDOWN_SECONDS):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
     def _admission(self) -> None:
         """How this worker admits requests into its engine (inference/slots.py): from
@@ -295,6 +315,8 @@ class InferenceRuntime:
             self.database.stopped()
             if self.engine is not None:
                 asyncio.run_coroutine_threadsafe(self.engine.shutdown(), self.loop).result(30)
+            for engine, _ in self._asleep.values():
+                asyncio.run_coroutine_threadsafe(engine.shutdown(), self.loop).result(30)
         except Exception:
             logger.exception("error while stopping the inference runtime")
         finally:
@@ -680,6 +702,22 @@ class InferenceRuntime:
         finally:
             self.slots.release(cost=cost)
         results.put((request.custom_id, result))
+
+
+# A sleeping model's weights may take this share of the host's available memory at
+# most: the rest is for the processes and the page cache the next load reads through.
+HOST_MEMORY_SHARE = 0.7
+
+
+def fits_host_memory(model_path: str) -> bool:
+    """Whether the model folder's weights fit the host's available memory (vLLM's
+    sleep level 1 copies them there), with room to spare."""
+    folder = Path(model_path)
+    if not folder.is_dir():
+        return True  # nothing on disk to measure (a simulated or remote model)
+    weights = sum(path.stat().st_size for pattern in ("*.safetensors", "*.bin", "*.pt")
+                  for path in folder.glob(pattern))
+    return weights <= HOST_MEMORY_SHARE * psutil.virtual_memory().available
 
 
 def _outage(error: BaseException) -> bool:

@@ -37,6 +37,18 @@ class SimulatedEngine(Engine):
     async def shutdown(self) -> None:
         await asyncio.sleep(float(self.config.engine_args.get("stop_seconds", 0)))
 
+    # As vLLM's sleep mode on a GPU, for the tests ('{"wake_seconds": 0.5}').
+    @property
+    def can_sleep(self) -> bool:
+        return self.config.sleep_mode and "wake_seconds" in self.config.engine_args
+
+    async def sleep(self) -> None:
+        self.asleep = True
+
+    async def wake_up(self) -> None:
+        await asyncio.sleep(float(self.config.engine_args["wake_seconds"]))
+        self.asleep = False
+
     async def generate(self, request: EngineRequest) -> EngineResult:
         if self.config.sim_latency_ms:
             await asyncio.sleep(self.config.sim_latency_ms / 1000)

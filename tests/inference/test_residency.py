@@ -275,3 +275,23 @@ def test_models_and_pool_status_show_residency_swaps_and_the_wait(
     metrics = api.get("/metrics").content.decode()
     assert "batchgen_model_swaps_total 1.0" in metrics
     assert 'batchgen_model_requests_open{model="e"} 3.0' in metrics
+
+
+@pytestmark_db
+def test_an_engine_that_can_sleep_is_woken_at_the_swap_back_not_started_again(
+        multiplexing_runtime, settings):
+    """As vLLM's sleep mode on a GPU: the simulated engine told it can sleep."""
+    from inference.swap import ModelSwapper
+
+    settings.BATCHGEN_ENGINE_ARGS = {"wake_seconds": 0.01}
+    runtime = multiplexing_runtime
+    swapper = ModelSwapper(runtime)
+    swapper.swap("m", None)
+    first = runtime.engine
+
+    swapper.swap("e", None)
+    assert runtime.engine is not first and first.asleep
+    swapper.swap("m", None)
+
+    assert runtime.engine is first and not first.asleep
+    assert runtime.config.served_model_name == "m" and set(runtime._asleep) == {"e"}
