@@ -23,6 +23,7 @@ __all__ = [
     "InputTokensDetails",
     "Model",
     "ModelPoolStatus",
+    "Multiplexing",
     "OutputTokensDetails",
     "PoolStatus",
     "RequestCounts",
