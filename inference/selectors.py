@@ -50,6 +50,16 @@ def models_without_ready_worker() -> list[str]:
     return [model.id for model in served_models() if model.id not in ready]
 
 
+def models_not_resident() -> list[str]:
+    """Where workers multiplex: the served models none of them holds now (loaded or
+    loading). Empty where none multiplexes."""
+    held = set(Residency.objects.filter(worker__in=live_workers().values("name"))
+               .values_list("model", flat=True))
+    if not held:
+        return []
+    return [model.id for model in served_models() if model.id not in held]
+
+
 def multiplexing_workers() -> QuerySet[Worker]:
     """The live workers that hold whichever model the residency scheduler gives them."""
     return live_workers().filter(name__in=Residency.objects.values("worker"))

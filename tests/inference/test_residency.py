@@ -295,3 +295,22 @@ def test_an_engine_that_can_sleep_is_woken_at_the_swap_back_not_started_again(
 
     assert runtime.engine is first and not first.asleep
     assert runtime.config.served_model_name == "m" and set(runtime._asleep) == {"e"}
+
+
+@pytestmark_db
+def test_a_batch_says_it_waits_for_its_model_to_be_loaded_until_it_is(
+        api, two_models, batch_in_progress):
+    from batches import availability
+
+    live_worker("w1", model="e")
+    Residency.objects.create(worker="w1", model="e")
+    batch = batch_in_progress(3, chunk_size=3)  # of model "m"
+
+    assert availability.batches_watch_models() == 0
+    shown = api.get(f"/v1/batches/{batch.id}").json()["error"]
+    assert shown["code"] == "model_not_resident" and "m is not loaded" in shown["message"]
+
+    Residency.objects.filter(worker="w1").update(model="m")
+    availability.batches_watch_models()
+    after = api.get(f"/v1/batches/{batch.id}").json()
+    assert (after["status"], after["error"]) == ("in_progress", None)
