@@ -411,6 +411,12 @@ class InferenceRuntime:
         if work is None:
             return "not claimed"
         self.ledger.hold(work.chunk_id)
+        if self.multiplex and (self.swapping.is_set() or self.engine is None or queue !=
+                               inference_queue(self.config.served_model_name)):
+            # A swap began (or ended) while this chunk was being claimed: it never
+            # reaches another model's engine; the swap waits for it to go back.
+            self.ledger.release(work.chunk_id).result()
+            return f"chunk {work.batch_id}#{work.index}: released, model swap"
         try:
             run = self._run_chunk(work)
         except BaseException:

@@ -314,3 +314,28 @@ def test_a_batch_says_it_waits_for_its_model_to_be_loaded_until_it_is(
     availability.batches_watch_models()
     after = api.get(f"/v1/batches/{batch.id}").json()
     assert (after["status"], after["error"]) == ("in_progress", None)
+
+
+@pytestmark_db
+def test_a_chunk_claimed_while_a_swap_began_goes_back_without_running(
+        multiplexing_runtime, batch_in_progress, monkeypatch):
+    from batches.models import ChunkStatus
+    from inference.swap import ModelSwapper
+
+    runtime = multiplexing_runtime
+    ModelSwapper(runtime).swap("m", None)
+    batch = batch_in_progress(4, chunk_size=4)
+    chunk = Chunk.objects.get(batch=batch)
+    claim = runtime._claim
+
+    def claim_during_a_swap(chunk_id):
+        work = claim(chunk_id)
+        runtime.swapping.set()  # the swapper began while the claim ran
+        return work
+
+    monkeypatch.setattr(runtime, "_claim", claim_during_a_swap)
+    outcome = runtime.run_chunk(chunk.id, "inference.m")
+
+    chunk.refresh_from_db()
+    assert "released, model swap" in outcome
+    assert (chunk.status, chunk.completed, chunk.failed) == (ChunkStatus.QUEUED, 0, 0)
