@@ -339,3 +339,22 @@ def test_a_chunk_claimed_while_a_swap_began_goes_back_without_running(
     chunk.refresh_from_db()
     assert "released, model swap" in outcome
     assert (chunk.status, chunk.completed, chunk.failed) == (ChunkStatus.QUEUED, 0, 0)
+
+
+@pytestmark_db
+def test_two_deciders_at_once_decide_each_worker_once(batch_in_progress):
+    from tests.concurrency import require_concurrent_database, run_together
+
+    require_concurrent_database()
+    batch_in_progress(6, chunk_size=3)
+    for name in ("w1", "w2"):
+        live_worker(name)
+        residency_join(worker=name)
+
+    outcomes = run_together(4, lambda _: residency_decide())
+
+    assert not [o for o in outcomes if isinstance(o, Exception)], outcomes
+    decided = [d for outcome in outcomes for d in outcome]
+    assert len(decided) == len({d.worker for d in decided}) == 1  # one model, one worker
+    assert ModelSwap.objects.count() == 1
+    assert Residency.objects.filter(epoch=1).count() == 1
