@@ -10,7 +10,7 @@ def main() -> None:
     try:
         execute_from_command_line(sys.argv)
     except ValueError as exc:
-        # A misconfiguration (batchgen_site.config.SettingError, known by its name:
+        # A misconfiguration (core.config.SettingError, known by its name:
         # importing the package reads the settings, which is what failed) is one
         # message naming the setting, not a traceback.
         if type(exc).__name__ != "SettingError":

@@ -22,11 +22,11 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
+from batches.files_admin import file_download_url  # and registers the Files admin
 from batches.models import ACTIVE_STATUSES, Batch, BatchStatus, Chunk
 from batches.services import batch_cancel
-from batchgen_site.errors import BatchGenError
+from core.errors import BatchGenError
 from files import storage
-from files.admin import file_download_url
 
 TAIL_LINES = 20
 TAIL_BYTES = 64 * 1024  # never read more of an incremental file than this

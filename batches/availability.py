@@ -26,7 +26,7 @@ from batches.chunks import OPEN_CHUNKS
 from batches.dispatch import chunk_model
 from batches.models import Batch, BatchStatus, Chunk
 from batches.services import batch_fail
-from batchgen_site.transient import retry_transient
+from core.transient import retry_transient
 
 logger = logging.getLogger("batchgen.batches")
 

@@ -10,7 +10,7 @@ writes the sorted (offset, length) pairs to an order file beside the upload; a c
 is then a range of that file. Windows bound the memory: a window holds a few tens of
 thousands of small tuples, never request bodies. Per-request results do not change:
 order in the output was never guaranteed, and each line still carries its custom_id.
-Each endpoint's spec says what a request's prefix key is (batches/endpoints/).
+Each endpoint's spec says what a request's prefix key is (serving/endpoints/).
 
 Per model: a chunk holds requests for one model only (its inference workers hold
 that model alone), so both chunkers close a chunk where the model changes; the

@@ -41,11 +41,11 @@ from batches import intake, quotas
 from batches.dispatch import dispatch, publish_chunks, send_finalize
 from batches.locks import lock_ids
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
-from batches.params import BatchParams
 from batches.usage import USAGE_COLUMNS, USAGE_FIELDS, Usage
-from batchgen_site.errors import StorageFull
-from batchgen_site.transient import retry_transient
+from core.errors import StorageFull
+from core.transient import retry_transient
 from files import storage
+from serving.params import BatchParams
 
 logger = logging.getLogger("batchgen.batches")
 
@@ -163,80 +163,19 @@ def chunks_flush(*, worker: str, progress: dict[int, Counts] | None = None,
     if not wanted:
         return result
     with transaction.atomic():
-        rows = {chunk_id: (batch_id, count, completed, failed, index)
-                for chunk_id, batch_id, count, completed, failed, index in
-                Chunk.objects.select_for_update().filter(
-                    id__in=wanted, worker=worker, status=ChunkStatus.RUNNING)
-                .order_by("id").values_list("id", "batch_id", "count", "completed", "failed",
-                                            "index")}
+        rows = _lock_held_chunks(worker, wanted)
         result.lost = wanted - set(rows)
-        counts: dict[int, Counts] = {}
-        for source in (progress, closing, releasing):
-            for chunk_id, (done, failed) in source.items():
-                if chunk_id in rows:
-                    was = counts.get(chunk_id, (0, 0))
-                    counts[chunk_id] = (was[0] + done, was[1] + failed)
+        counts = _held_counts(rows, progress, closing, releasing)
         if rows:
             Chunk.objects.filter(id__in=list(rows)).update(
                 completed=F("completed") + _by_id({k: v[0] for k, v in counts.items()}),
                 failed=F("failed") + _by_id({k: v[1] for k, v in counts.items()}),
                 lease_expires_at=lease_deadline())
-        # Per batch: results accounted, and capacity back (results + never-run requests).
-        batch_done: dict[str, int] = defaultdict(int)
-        batch_failed: dict[str, int] = defaultdict(int)
-        batch_release: dict[str, int] = defaultdict(int)
-        for chunk_id, (done, failed) in counts.items():
-            batch_id = rows[chunk_id][0]
-            batch_done[batch_id] += done
-            batch_failed[batch_id] += failed
-            batch_release[batch_id] += done + failed
-        batch_usage: dict[str, Usage] = defaultdict(Usage)
-        for chunk_id, tokens in usage.items():
-            if chunk_id in rows:
-                batch_usage[rows[chunk_id][0]] += tokens
-        closed_batches = set()
-        for chunk_id in closing.keys() & rows.keys():
-            batch_id, count, completed, failed, _ = rows[chunk_id]
-            done, failed_now = counts.get(chunk_id, (0, 0))
-            finished = completed + failed + done + failed_now
-            result.closed[chunk_id] = (ChunkStatus.DONE if finished >= count
-                                       else ChunkStatus.SKIPPED)
-            batch_release[batch_id] += max(count - finished, 0)
-            closed_batches.add(batch_id)
-        if result.closed:
-            Chunk.objects.filter(id__in=list(result.closed)).update(
-                status=_by_id(result.closed, default=ChunkStatus.DONE, field_type=CharField),
-                finished_at=timezone.now(), lease_expires_at=None)
-        released = sorted(releasing.keys() & rows.keys())
-        if released:
-            Chunk.objects.filter(id__in=released).update(
-                status=ChunkStatus.QUEUED, worker="", lease_expires_at=None, published_at=None)
-        changed = ({b for b, n in batch_release.items() if n} | closed_batches
-                   | {b for b, tokens in batch_usage.items() if tokens})
-        if changed:
-            # lock_ids' statement, also reading whose the batches are (for KeyUsage).
-            owners = dict(Batch.objects.filter(id__in=changed).select_for_update()
-                          .order_by("pk").values_list("pk", "owner_id"))
-            # Token sums ride in the same UPDATE: no statement per request or per figure.
-            tokens = {USAGE_COLUMNS[name]: F(USAGE_COLUMNS[name]) + _by_id(
-                {b: getattr(u, name) for b, u in batch_usage.items()}, field_type=BigIntegerField)
-                for name in USAGE_FIELDS}
-            Batch.objects.filter(id__in=changed).update(
-                completed=F("completed") + _by_id(batch_done),
-                failed=F("failed") + _by_id(batch_failed),
-                intake_reserved=Greatest(F("intake_reserved") - _by_id(batch_release), 0),
-                **tokens)
-            # Last in the lock order: the keys' rows for today, one statement.
-            quotas.key_usage_add(_key_usage(owners, batch_done, batch_failed, batch_usage))
-        if closed_batches:
-            # Results were written, so a wait on a full volume is over for these batches.
-            Batch.objects.filter(id__in=closed_batches,
-                                 error__code=StorageFull.code).update(error=None)
-        held_batches = {rows[c][0] for c in rows if c not in result.closed and c not in released}
-        if held_batches:
-            result.stop_batches = set(
-                Batch.objects.filter(id__in=held_batches)
-                .exclude(status=BatchStatus.IN_PROGRESS).values_list("id", flat=True))
+        figures = _BatchFigures.of(rows, counts, usage)
+        closed_batches = _close_chunks(rows, counts, closing, figures, result)
+        released = _release_chunks(rows, releasing)
+        _account_batches(figures, closed_batches)
+        result.stop_batches = _stopped_batches(rows, result.closed, released)
         settled = batches_without_open_chunks(closed_batches)
         refs = [(rows[c][0], c, rows[c][4]) for c in released]
         # robust: once committed, the flush must not look failed to the worker (it
@@ -250,6 +189,120 @@ def chunks_flush(*, worker: str, progress: dict[int, Counts] | None = None,
     for batch_id, _, index in refs:
         logger.info("chunk released batch_id=%s chunk=%s worker=%s", batch_id, index, worker)
     return result
+
+
+# chunk id -> (batch id, count, completed, failed, index), as locked by a flush
+HeldRows = dict[int, tuple[str, int, int, int, int]]
+
+
+def _lock_held_chunks(worker: str, wanted: set[int]) -> HeldRows:
+    """The chunks of `wanted` this worker still runs, locked in ascending id."""
+    return {chunk_id: (batch_id, count, completed, failed, index)
+            for chunk_id, batch_id, count, completed, failed, index in
+            Chunk.objects.select_for_update().filter(
+                id__in=wanted, worker=worker, status=ChunkStatus.RUNNING)
+            .order_by("id").values_list("id", "batch_id", "count", "completed", "failed",
+                                        "index")}
+
+
+def _held_counts(rows: HeldRows, *sources: dict[int, Counts]) -> dict[int, Counts]:
+    """The results reported for each held chunk, summed over the kinds of report."""
+    counts: dict[int, Counts] = {}
+    for source in sources:
+        for chunk_id, (done, failed) in source.items():
+            if chunk_id in rows:
+                was = counts.get(chunk_id, (0, 0))
+                counts[chunk_id] = (was[0] + done, was[1] + failed)
+    return counts
+
+
+@dataclass
+class _BatchFigures:
+    """One flush's figures per batch: results accounted, capacity going back (results
+    and requests never to run) and tokens."""
+
+    done: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    failed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    release: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    usage: dict[str, Usage] = field(default_factory=lambda: defaultdict(Usage))
+
+    @classmethod
+    def of(cls, rows: HeldRows, counts: dict[int, Counts],
+           usage: dict[int, Usage]) -> _BatchFigures:
+        figures = cls()
+        for chunk_id, (done, failed) in counts.items():
+            batch_id = rows[chunk_id][0]
+            figures.done[batch_id] += done
+            figures.failed[batch_id] += failed
+            figures.release[batch_id] += done + failed
+        for chunk_id, tokens in usage.items():
+            if chunk_id in rows:
+                figures.usage[rows[chunk_id][0]] += tokens
+        return figures
+
+
+def _close_chunks(rows: HeldRows, counts: dict[int, Counts], closing: dict[int, Counts],
+                  figures: _BatchFigures, result: FlushResult) -> set[str]:
+    """Close the held chunks of `closing`: done when every request has a result,
+    else skipped, and the capacity of the requests never run goes back. Returns their
+    batches."""
+    closed_batches = set()
+    for chunk_id in closing.keys() & rows.keys():
+        batch_id, count, completed, failed, _ = rows[chunk_id]
+        done, failed_now = counts.get(chunk_id, (0, 0))
+        finished = completed + failed + done + failed_now
+        result.closed[chunk_id] = (ChunkStatus.DONE if finished >= count
+                                   else ChunkStatus.SKIPPED)
+        figures.release[batch_id] += max(count - finished, 0)
+        closed_batches.add(batch_id)
+    if result.closed:
+        Chunk.objects.filter(id__in=list(result.closed)).update(
+            status=_by_id(result.closed, default=ChunkStatus.DONE, field_type=CharField),
+            finished_at=timezone.now(), lease_expires_at=None)
+    return closed_batches
+
+
+def _release_chunks(rows: HeldRows, releasing: dict[int, Counts]) -> list[int]:
+    """Queue the held chunks of `releasing` again, for any worker; their ids."""
+    released = sorted(releasing.keys() & rows.keys())
+    if released:
+        Chunk.objects.filter(id__in=released).update(
+            status=ChunkStatus.QUEUED, worker="", lease_expires_at=None, published_at=None)
+    return released
+
+
+def _account_batches(figures: _BatchFigures, closed_batches: set[str]) -> None:
+    """Add the flush's figures to the batch rows and their keys' usage of the day."""
+    changed = ({b for b, n in figures.release.items() if n} | closed_batches
+               | {b for b, tokens in figures.usage.items() if tokens})
+    if changed:
+        # lock_ids' statement, also reading whose the batches are (for KeyUsage).
+        owners = dict(Batch.objects.filter(id__in=changed).select_for_update()
+                      .order_by("pk").values_list("pk", "owner_id"))
+        # Token sums ride in the same UPDATE: no statement per request or per figure.
+        tokens = {USAGE_COLUMNS[name]: F(USAGE_COLUMNS[name]) + _by_id(
+            {b: getattr(u, name) for b, u in figures.usage.items()}, field_type=BigIntegerField)
+            for name in USAGE_FIELDS}
+        Batch.objects.filter(id__in=changed).update(
+            completed=F("completed") + _by_id(figures.done),
+            failed=F("failed") + _by_id(figures.failed),
+            intake_reserved=Greatest(F("intake_reserved") - _by_id(figures.release), 0),
+            **tokens)
+        # Last in the lock order: the keys' rows for today, one statement.
+        quotas.key_usage_add(_key_usage(owners, figures.done, figures.failed, figures.usage))
+    if closed_batches:
+        # Results were written, so a wait on a full volume is over for these batches.
+        Batch.objects.filter(id__in=closed_batches,
+                             error__code=StorageFull.code).update(error=None)
+
+
+def _stopped_batches(rows: HeldRows, closed: dict[int, str], released: list[int]) -> set[str]:
+    """The batches of the chunks the worker still holds that no longer run."""
+    held_batches = {rows[c][0] for c in rows if c not in closed and c not in released}
+    if not held_batches:
+        return set()
+    return set(Batch.objects.filter(id__in=held_batches)
+               .exclude(status=BatchStatus.IN_PROGRESS).values_list("id", flat=True))
 
 
 def _key_usage(owners: dict[str, int | None], done: dict[str, int], failed: dict[str, int],

@@ -38,9 +38,10 @@ from django.utils import timezone
 
 from batches.locks import lock_control, lock_ids
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, ControlLock
-from batchgen_site.celery import QueueName, inference_queue
-from batchgen_site.publishing import Message, publish, publisher
-from batchgen_site.transient import retry_transient
+from core.celery import QueueName, inference_queue
+from core.publishing import Message, publish, publisher
+from core.transient import retry_transient
+from serving.model_info import served_models
 
 MIN_WINDOW = 4
 
@@ -49,15 +50,10 @@ def _no_workers_known(model: str) -> int:
     return MIN_WINDOW
 
 
-def _no_models_known() -> list[str]:
-    return [""]
-
-
-# How many chunks one model's live workers' chunk threads can hold, and which models
-# are served: the inference app's business, so it sets them at start-up (batches
-# never imports it).
+# How many chunks one model's live workers' chunk threads can hold: the inference
+# app's business (its Worker rows), so it sets this at start-up (batches never
+# imports it).
 window_source: Callable[[str], int] = _no_workers_known
-models_source: Callable[[], list[str]] = _no_models_known
 
 
 def dispatch_window(model: str) -> int:
@@ -67,7 +63,7 @@ def dispatch_window(model: str) -> int:
 
 def served_model_ids() -> list[str]:
     """The served models' ids, the default first."""
-    return models_source()
+    return [model.id for model in served_models()]
 
 
 def chunk_model(model: str) -> str:
@@ -189,7 +185,7 @@ def publish_chunks(refs: list[tuple[str, int, int]]) -> None:
     """Publish one message per chunk to its model's inference queue, by reference
     and by task name (only tasks.py modules import tasks), and mark what the broker
     took published. What it does not take (an outage) this process publishes again
-    as soon as it does (batchgen_site.publishing), and marks then."""
+    as soon as it does (core.publishing), and marks then."""
     models: dict[int, str] = {}
     ids = [ref[1] for ref in refs]
     for start in range(0, len(ids), 1000):

@@ -3,9 +3,9 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
-from batches.endpoints import ENDPOINTS
+from serving.endpoints import ENDPOINTS
 
-# The batch endpoints, one member per registered spec (batches/endpoints/).
+# The batch endpoints, one member per registered spec (serving/endpoints/).
 Endpoint = models.TextChoices("Endpoint", [(spec.member, spec.url) for spec in ENDPOINTS.values()])
 
 
@@ -94,7 +94,7 @@ class Batch(models.Model):
     priority = models.PositiveIntegerField(default=1)
     # Chunks are ranges of the order file {storage}/chunks/{id}.order (prefix grouping).
     grouped = models.BooleanField(default=False)
-    owner = models.ForeignKey("batchgen_site.ApiKey", on_delete=models.SET_NULL, null=True,
+    owner = models.ForeignKey("core.ApiKey", on_delete=models.SET_NULL, null=True,
                               blank=True, related_name="+")
     dispatch_pass = models.FloatField(default=0.0)
 

@@ -1,6 +1,6 @@
 """Per-key quotas and the per-key daily usage they are checked against.
 
-Two quotas per API key (batchgen_site.models.ApiKey; null = no limit):
+Two quotas per API key (core.models.ApiKey; null = no limit):
 
 - `max_intake_requests`: the most requests the key's batches may hold in the
   IntakePool at once (the sum of their `intake_reserved`). Binding at admission,
@@ -35,8 +35,8 @@ from django.db.models import F, Sum
 
 from batches.models import Batch
 from batches.usage import USAGE_FIELDS, Usage
-from batchgen_site.errors import QuotaExceeded
-from batchgen_site.models import ApiKey, KeyUsage
+from core.errors import QuotaExceeded
+from core.models import ApiKey, KeyUsage
 
 QUOTA_EXCEEDED = QuotaExceeded.code
 

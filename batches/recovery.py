@@ -16,8 +16,8 @@ from batches.chunks import OPEN_CHUNKS, chunks_requeue_expired
 from batches.dispatch import chunk_model, publish_chunks, send_validate
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
 from batches.services import batch_fail, batch_finalize
-from batchgen_site.outage import BROKER, dependency_down, outage_began, outage_ended
-from batchgen_site.transient import retry_transient
+from core.outage import BROKER, dependency_down, outage_began, outage_ended
+from core.transient import retry_transient
 from files import storage
 from files.incremental import repair_tail
 
@@ -121,7 +121,7 @@ def inference_queue_length(model: str) -> int | None:
     """Messages waiting in the broker's queue of `model` (None if it cannot tell)."""
     from amqp.exceptions import ChannelError
 
-    from batchgen_site.celery import app, inference_queue
+    from core.celery import app, inference_queue
 
     try:
         with app.connection_for_write() as connection:

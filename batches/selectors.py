@@ -5,8 +5,8 @@ from datetime import date
 from django.db.models import QuerySet, Sum
 
 from batches.models import ACTIVE_STATUSES, Batch, LineError
-from batchgen_site.models import KeyUsage
-from batchgen_site.pagination import newest_first
+from core.models import KeyUsage
+from core.pagination import newest_first
 
 
 def batch_list(*, after: str | None, owner=None) -> QuerySet[Batch]:

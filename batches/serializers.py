@@ -3,14 +3,14 @@ from __future__ import annotations
 from django.conf import settings
 from rest_framework import serializers
 
-from batches.endpoints import NOT_BATCHED
 from batches.models import ERRORS_SHOWN, Batch, Endpoint
-from batches.params import SAMPLING_BOUNDS
 from batches.usage import batch_usage
 from batches.validation import MAX_LISTED_ERRORS
-from batchgen_site.pagination import list_envelope_serializer
+from core.pagination import list_envelope_serializer
 from files.serializers import ExpiresAfterSerializer, UnixTimestampField
-from inference.model_info import served_models
+from serving.endpoints import NOT_BATCHED
+from serving.model_info import served_models
+from serving.params import SAMPLING_BOUNDS
 
 # metadata["priority"]: a batch's weight in fair sharing (batches.dispatch).
 MAX_PRIORITY = 100
@@ -48,7 +48,7 @@ def _json_type(value) -> str:
 
 def bounded_field(name: str) -> serializers.Field:
     """A batch-level parameter, held to the same bound as in a request body
-    (batches.params.SAMPLING_BOUNDS), and to the 32-bit column it is stored in."""
+    (serving.params.SAMPLING_BOUNDS), and to the 32-bit column it is stored in."""
     bound = SAMPLING_BOUNDS[name]
     if bound.integer:
         return serializers.IntegerField(min_value=bound.low, max_value=min(bound.high, MAX_INT),

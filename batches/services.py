@@ -28,15 +28,15 @@ from batches.models import (
 from batches.signals import batch_finished
 from batches.usage import USAGE_COLUMNS, batch_usage, output_digest_and_usage
 from batches.validation import ValidationReport, validate_file
-from batchgen_site.errors import BatchGenError, CapacityFull, NotFound, is_storage_full
-from batchgen_site.ids import new_id
-from batchgen_site.transient import retry_transient
+from core.errors import BatchGenError, CapacityFull, NotFound, is_storage_full
+from core.ids import new_id
+from core.transient import retry_transient
 from files import storage
 from files.incremental import repair_tail
 from files.models import File, FilePurpose
 from files.selectors import file_bytes_path
 from files.services import file_lock, file_register_output
-from inference.model_info import model_routes
+from serving.model_info import model_routes
 
 logger = logging.getLogger("batchgen.batches")
 
@@ -158,7 +158,7 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
             output_expires_after_seconds=output_expires_after_seconds,
         )
         # A broker that is down must not turn a committed batch into a 500: the
-        # validation is published as soon as it answers (batchgen_site.publishing).
+        # validation is published as soon as it answers (core.publishing).
         transaction.on_commit(lambda: send_validate(batch.id), robust=True)
     logger.info("batch created batch_id=%s input_file_id=%s endpoint=%s", batch.id,
                 input_file_id, endpoint)

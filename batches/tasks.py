@@ -1,7 +1,7 @@
 """Control tasks: thin wrappers that call services. All run on the `control` queue.
 Producers publish them by name (batches.dispatch.send_*), so only this module
 imports them. The services retry transient database errors themselves
-(batchgen_site.transient)."""
+(core.transient)."""
 
 from __future__ import annotations
 

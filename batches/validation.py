@@ -7,19 +7,19 @@ the 8-byte digests of the custom_ids seen (for uniqueness) and the error list.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from batches.chunking import ContiguousChunker, PrefixGroupingChunker, read_order
-from batches.endpoints import endpoint_spec
-from batches.line_checks import LineError, shown
-from batches.line_schema import DecodeError
+from batches.chunking import ContiguousChunker, PrefixGroupingChunker
+from batches.input_file import BOM
+from serving.endpoints import endpoint_spec
+from serving.line_checks import LineError, shown
+from serving.line_schema import DecodeError
 
-BOM = b"\xef\xbb\xbf"
 MAX_CUSTOM_ID_LENGTH = 512
 # errors.data keeps the first this many bad lines; the error message gives the total.
 MAX_LISTED_ERRORS = 10_000
@@ -47,31 +47,8 @@ class ValidationReport:
         if len(self.errors) < MAX_LISTED_ERRORS:
             self.errors.append({"code": code, "message": message, "line": line, "param": param})
 
-
-def iter_lines(path: Path, *, start: int = 0, end: int | None = None,
-               max_line_bytes: int) -> Iterator[tuple[int, int, bytes | None]]:
-    """(line_number_offset_from_start, byte_offset_after_line, raw_line or None if
-    the line is longer than max_line_bytes). Blank lines are yielded too."""
-    with path.open("rb") as fh:
-        fh.seek(start)
-        offset = start
-        number = 0
-        while end is None or offset < end:
-            raw = fh.readline(max_line_bytes + 1)
-            if not raw:
-                break
-            number += 1
-            offset += len(raw)
-            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
-                # Too long: skip the rest of it without holding it in memory.
-                while True:
-                    rest = fh.readline(1024 * 1024)
-                    offset += len(rest)
-                    if not rest or rest.endswith(b"\n"):
-                        break
-                yield number, offset, None
-                continue
-            yield number, offset, raw
+    def add_line_error(self, line: int, error: LineError) -> None:
+        self.add_error(line, error.code, error.message, error.param)
 
 
 def _skip_rest_of_line(fh) -> int:
@@ -126,6 +103,22 @@ def model_not_found(model: str, served: Collection[str], endpoint: str) -> LineE
                      "body.model")
 
 
+def line_too_long(max_line_bytes: int) -> LineError:
+    return LineError("line_too_long", f"Line is longer than the server's limit of "
+                     f"{max_line_bytes} bytes (BATCHGEN_MAX_LINE_BYTES).")
+
+
+def duplicate_custom_id(custom_id: str) -> LineError:
+    return LineError("duplicate_custom_id", f"custom_id {custom_id!r} appears more than once.",
+                     "custom_id")
+
+
+def too_many_requests(max_requests: int) -> LineError:
+    return LineError("too_many_requests",
+                     f"A batch holds at most {max_requests} requests "
+                     "(BATCHGEN_MAX_REQUESTS_PER_BATCH); this line is one more.")
+
+
 def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes: int,
                   max_requests: int, order_path: Path | None = None,
                   models: Mapping[str, str] | None = None) -> ValidationReport:
@@ -139,74 +132,9 @@ def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes:
     report = ValidationReport()
     chunker = (PrefixGroupingChunker(chunk_size, endpoint, order_path)
                if order_path is not None else ContiguousChunker(chunk_size, endpoint))
-    # Uniqueness by 64-bit hashes of the ids, not the ids: flat memory for a million
-    # lines (a false duplicate needs a collision, about 1 in 10^7 for 10^6 ids).
-    seen: set[int] = set()
-    add_to_chunk = chunker.add
-    parse = parse_line
-    spec = endpoint_spec(endpoint)
-    decode = spec.decoder.decode
-    key_of_line = spec.prefix_key_of_line
-    grouped = chunker.grouped
-    line_number = 0
-    offset = 0
     try:
-        with path.open("rb") as fh:
-            readline = fh.readline
-            limit = max_line_bytes + 1
-            while raw := readline(limit):
-                line_start = offset
-                offset += len(raw)
-                line_number += 1
-                if len(raw) == limit and not raw.endswith(b"\n"):
-                    offset += _skip_rest_of_line(fh)
-                    report.add_error(line_number, "line_too_long",
-                                     f"Line is longer than the server's limit of "
-                                     f"{max_line_bytes} bytes (BATCHGEN_MAX_LINE_BYTES).")
-                    continue
-                if line_number == 1 and raw.startswith(BOM):
-                    raw = raw[len(BOM):]
-                    line_start += len(BOM)
-                if not raw.strip():
-                    continue
-                try:
-                    line = decode(raw)
-                    custom_id = line.custom_id
-                    model = line.body.model
-                    key = key_of_line(line) if grouped else 0
-                except DecodeError:
-                    # The slow path names the problem, or accepts what the strict
-                    # types did not (a float 1.0 for n, say).
-                    try:
-                        item = parse(raw, endpoint=endpoint)
-                    except LineError as error:
-                        report.add_error(line_number, error.code, error.message, error.param)
-                        continue
-                    custom_id = item["custom_id"]
-                    model = item["body"]["model"]
-                    key = spec.prefix_key(item["body"]) if grouped else 0
-                if models is not None:
-                    if model not in models:
-                        error = model_not_found(model, models, endpoint)
-                        report.add_error(line_number, error.code, error.message, error.param)
-                        continue
-                    model = models[model]
-                digest = hash(custom_id)
-                if digest in seen:
-                    report.add_error(line_number, "duplicate_custom_id",
-                                     f"custom_id {custom_id!r} appears more than once.",
-                                     "custom_id")
-                    continue
-                seen.add(digest)
-                report.total += 1
-                if report.total > max_requests:
-                    report.add_error(line_number, "too_many_requests",
-                                     f"A batch holds at most {max_requests} requests "
-                                     "(BATCHGEN_MAX_REQUESTS_PER_BATCH); this line is one "
-                                     "more.")
-                    break
-                if not report.invalid:  # once a line is bad nothing will be queued
-                    add_to_chunk(line_start, offset, line_number, key, model)
+        _check_lines(path, report, chunker, endpoint=endpoint, max_line_bytes=max_line_bytes,
+                     max_requests=max_requests, models=models)
         chunker.finish()
     except BaseException:
         chunker.discard()
@@ -219,24 +147,72 @@ def validate_file(path: Path, *, endpoint: str, chunk_size: int, max_line_bytes:
     return report
 
 
-def read_chunk(path: Path, *, start: int, end: int, max_line_bytes: int,
-               order_path: Path | None = None) -> list[dict[str, Any]]:
-    """The requests of one chunk, already validated: [start, end) in bytes of the
-    input, or of the order file when the batch's chunks are prefix-grouped."""
-    if order_path is not None:
-        requests = []
-        with path.open("rb") as fh:
-            for offset, length in read_order(order_path, start, end):
-                fh.seek(offset)
-                requests.append(orjson.loads(fh.read(length)))
-        return requests
-    requests = []
-    for _, _, raw in iter_lines(path, start=start, end=end, max_line_bytes=max_line_bytes):
-        if raw is None:
-            continue
-        if start == 0 and raw.startswith(BOM):
-            raw = raw[len(BOM):]
-        start = -1  # the BOM can only open the file
-        if raw.strip():
-            requests.append(orjson.loads(raw))
-    return requests
+def _check_lines(path: Path, report: ValidationReport,
+                 chunker: ContiguousChunker | PrefixGroupingChunker, *, endpoint: str,
+                 max_line_bytes: int, max_requests: int,
+                 models: Mapping[str, str] | None) -> None:
+    """The one pass over the file: each line decoded and checked, its error reported,
+    or, while no line is bad, its request added to the chunker. The loop runs once
+    per line of a file of up to millions: what it calls is looked up once, here."""
+    # Uniqueness by 64-bit hashes of the ids, not the ids: flat memory for a million
+    # lines (a false duplicate needs a collision, about 1 in 10^7 for 10^6 ids).
+    seen: set[int] = set()
+    add_to_chunk = chunker.add
+    spec = endpoint_spec(endpoint)
+    decode = spec.decoder.decode
+    key_of_line = spec.prefix_key_of_line
+    grouped = chunker.grouped
+    line_number = 0
+    offset = 0
+    with path.open("rb") as fh:
+        readline = fh.readline
+        limit = max_line_bytes + 1
+        while raw := readline(limit):
+            line_start = offset
+            offset += len(raw)
+            line_number += 1
+            if len(raw) == limit and not raw.endswith(b"\n"):
+                offset += _skip_rest_of_line(fh)
+                report.add_line_error(line_number, line_too_long(max_line_bytes))
+                continue
+            if line_number == 1 and raw.startswith(BOM):
+                raw = raw[len(BOM):]
+                line_start += len(BOM)
+            if not raw.strip():
+                continue
+            try:
+                line = decode(raw)
+                custom_id = line.custom_id
+                model = line.body.model
+                key = key_of_line(line) if grouped else 0
+            except DecodeError:
+                try:
+                    custom_id, model, key = _check_slowly(raw, endpoint, grouped)
+                except LineError as error:
+                    report.add_line_error(line_number, error)
+                    continue
+            if models is not None:
+                if model not in models:
+                    report.add_line_error(line_number, model_not_found(model, models, endpoint))
+                    continue
+                model = models[model]
+            digest = hash(custom_id)
+            if digest in seen:
+                report.add_line_error(line_number, duplicate_custom_id(custom_id))
+                continue
+            seen.add(digest)
+            report.total += 1
+            if report.total > max_requests:
+                report.add_line_error(line_number, too_many_requests(max_requests))
+                break
+            if not report.invalid:  # once a line is bad nothing will be queued
+                add_to_chunk(line_start, offset, line_number, key, model)
+
+
+def _check_slowly(raw: bytes, endpoint: str, grouped: bool) -> tuple[str, str, Any]:
+    """The slow path, for a line the strict types refused: it names the problem
+    (LineError), or accepts what they did not (a float 1.0 for n, say). The line's
+    custom_id, model and prefix key."""
+    item = parse_line(raw, endpoint=endpoint)
+    key = endpoint_spec(endpoint).prefix_key(item["body"]) if grouped else 0
+    return item["custom_id"], item["body"]["model"], key

@@ -16,15 +16,15 @@ from batches.serializers import (
     BatchOutputInputSerializer,
     BatchOutputSerializer,
 )
-from batchgen_site.auth import request_owner
-from batchgen_site.errors import BatchGenError, checked_id, error_responses
-from batchgen_site.pagination import list_page
-from batchgen_site.parsers import JSONParser
-from batchgen_site.representation import represent
+from core.auth import request_owner
+from core.errors import BatchGenError, checked_id, error_responses
+from core.pagination import list_page
+from core.parsers import JSONParser
+from core.representation import represent
 from files import storage
 from files.incremental import enclosing_line, read_range, whole_lines_end
 from files.views import IgnoreClientContentNegotiation
-from inference.model_info import served_model
+from serving.model_info import served_model
 
 
 def _batch_id(batch_id: str) -> str:

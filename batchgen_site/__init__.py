@@ -1,3 +1,3 @@
-from batchgen_site.celery import app as celery_app
+from core.celery import app as celery_app
 
 __all__ = ["celery_app"]

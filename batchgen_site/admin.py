@@ -12,8 +12,8 @@ from django.db.models import F, OuterRef, Subquery, Sum
 from django.db.models.functions import Coalesce
 
 from batches.admin import ReadOnlyAdmin
-from batchgen_site.auth import apikey_revoke
-from batchgen_site.models import ApiKey, KeyUsage
+from core.auth import apikey_revoke
+from core.models import ApiKey, KeyUsage
 
 
 @admin.register(ApiKey)

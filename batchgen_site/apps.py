@@ -2,13 +2,8 @@ from django.apps import AppConfig
 
 
 class BatchgenSiteConfig(AppConfig):
+    """The project shell: settings, URLs, the admin's key pages, the web server and
+    `manage.py serve`. It holds no models (API keys are core's)."""
+
     name = "batchgen_site"
     verbose_name = "BatchGen"
-
-    def ready(self) -> None:
-        from django.db.backends.signals import connection_created
-
-        from batchgen_site.outage import database_connected
-
-        # A database outage ends, for this process, when a connection opens again.
-        connection_created.connect(database_connected, dispatch_uid="batchgen_outage")

@@ -24,7 +24,7 @@ import json
 from django.conf import settings
 from gunicorn.http.errors import ParseException
 
-from batchgen_site.errors import envelope
+from core.errors import envelope
 from files.views import MULTIPART_ENVELOPE_BYTES
 
 

@@ -44,8 +44,8 @@ from pathlib import Path
 from gunicorn import util
 from gunicorn.workers.gthread import _DEFER, ThreadWorker
 
-from batchgen_site.config import server_setting
 from batchgen_site.request_spool import RequestSpool
+from core.config import server_setting
 
 logger = logging.getLogger("batchgen.web")
 
@@ -194,7 +194,7 @@ _CODES = {400: "bad_request", 403: "forbidden", 408: "request_timeout",
 def envelope_response(status: int, reason: str, message: str, *,
                       extra_headers: str = "") -> bytes:
     """A complete HTTP/1.1 answer carrying the OpenAI error envelope (the shape of
-    batchgen_site.errors.envelope; this module runs before Django is set up)."""
+    core.errors.envelope; this module runs before Django is set up)."""
     # 501 is gunicorn's answer to a transfer coding it does not know: the request's fault.
     error_type = "server_error" if status in (500, 503, 507) else "invalid_request_error"
     body = json.dumps({"error": {"message": message or reason, "type": error_type,

@@ -27,7 +27,7 @@ def health_problem() -> str | None:
     except Exception as exc:
         return f"database unreachable: {_first_line(exc)}"
     try:
-        from batchgen_site.celery import app
+        from core.celery import app
 
         with app.connection_for_write() as conn:
             conn.ensure_connection(max_retries=1, timeout=2)

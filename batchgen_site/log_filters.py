@@ -70,7 +70,7 @@ def _is_broker_fault(record: logging.LogRecord) -> bool:
     """Whether a Celery line says the broker cannot be reached (lost, refused, a
     publish or an ack that failed with the connection), not that something broke."""
     message = record.getMessage()
-    if record.name == "batchgen.broker":  # batchgen_site.publishing holding messages
+    if record.name == "batchgen.broker":  # core.publishing holding messages
         return True
     if record.name == "celery.worker.consumer.consumer":
         return message.startswith(("consumer: Cannot connect to",
@@ -111,13 +111,13 @@ class BrokerOutageOnce(logging.Filter):
     """A broker outage is one WARNING per process, not an ERROR a second: Celery
     logs each reconnection attempt of a worker and each tick beat could not send at
     ERROR (with a traceback), and RabbitMQ's return as "Connected to" at INFO;
-    batchgen_site.publishing says when it starts holding messages and when the
+    core.publishing says when it starts holding messages and when the
     broker took them. The
     first broker fault of an outage is kept as a WARNING without its traceback; the
     rest are DEBUG until Celery says it is connected again; what follows from the lost
     connection and needs no one is INFO or dropped. Nothing is lost meanwhile:
     beat's ticks run again, unacked messages are delivered again, and what BatchGen
-    publishes is held until the broker takes it (batchgen_site.publishing)."""
+    publishes is held until the broker takes it (core.publishing)."""
 
     def __init__(self, show: bool = False) -> None:
         super().__init__()
@@ -153,7 +153,7 @@ class BrokerOutageOnce(logging.Filter):
 class DependencyOutageOnce(logging.Filter):
     """Django logs a robust `on_commit` callback that raised at ERROR, with its
     traceback. When what it raised is a dependency's outage (the database or the
-    broker unreachable: batchgen_site.outage), the record is dropped and the outage
+    broker unreachable: core.outage), the record is dropped and the outage
     said once instead; recovery and the ticks cover what the callback did not do.
     Any other error is logged as before."""
 
@@ -161,7 +161,7 @@ class DependencyOutageOnce(logging.Filter):
         error = record.exc_info[1] if record.exc_info else None
         if error is None:
             return True
-        from batchgen_site.outage import dependency_down, outage_began
+        from core.outage import dependency_down, outage_began
 
         dependency = dependency_down(error)
         if dependency is None:

@@ -190,7 +190,7 @@ class BatchGenCollector(Collector):
         that share a name are summed. Usage counters cover every day there was."""
         from batches.models import Batch
         from batches.quotas import utc_today
-        from batchgen_site.models import ApiKey, KeyUsage
+        from core.models import ApiKey, KeyUsage
 
         names = dict(ApiKey.objects.values_list("id", "name"))
         if not names:

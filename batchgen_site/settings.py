@@ -9,12 +9,12 @@ from pathlib import Path
 
 from environ import Env
 
-from batchgen_site.config import read_all
+from core.config import read_all
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 # Every variable the server reads, typed and checked against its bounds at once: the
-# one table of batchgen_site/config.py holds each name, type, default and help (a
+# one table of core/config.py holds each name, type, default and help (a
 # value that cannot be used stops the process here, naming the setting).
 SETTINGS = read_all()
 
@@ -43,7 +43,7 @@ RUN_DIR = STORAGE_PATH / "run"
 BATCHGEN_MODEL = SETTINGS["BATCHGEN_MODEL"] or str(
     STORAGE_PATH / "models" / "SmolLM2-135M-Instruct"
 )
-# name=path[:engine],...: several served models (inference/model_info.py). Unset,
+# name=path[:engine],...: several served models (serving/model_info.py). Unset,
 # with BATCHGEN_MODEL given: that one model, under its folder's name. Neither set:
 # the bundled chat model and the bundled embedding model, so a newcomer sees both.
 DEFAULT_MODELS = ",".join(f"{name}={STORAGE_PATH / 'models' / name}"
@@ -71,6 +71,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI served locally: no CDN needed
+    "core.apps.CoreConfig",
     "batchgen_site.apps.BatchgenSiteConfig",
     "files",
     "batches",
@@ -151,14 +152,14 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = SETTINGS["BATCHGEN_MAX_REQUEST_BODY_BYTES"]
 REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": [
-        "batchgen_site.parsers.JSONParser",
+        "core.parsers.JSONParser",
         "rest_framework.parsers.MultiPartParser",
         "rest_framework.parsers.FormParser",
     ],
-    "DEFAULT_AUTHENTICATION_CLASSES": ["batchgen_site.auth.ApiKeyAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["batchgen_site.auth.ApiKeyRequired"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["core.auth.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["core.auth.ApiKeyRequired"],
     "UNAUTHENTICATED_USER": None,
-    "EXCEPTION_HANDLER": "batchgen_site.errors.openai_exception_handler",
+    "EXCEPTION_HANDLER": "core.errors.openai_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     # The API speaks JSON only: `?format=` is an ordinary (ignored) query parameter,
     # not DRF's renderer override, which answered 404 to an unknown value.

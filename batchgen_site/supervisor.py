@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchgen_site.cpu_placement import CpuPlacement, program_tree
+from core.termination import TERMINATION_LOG_ENV
 
 logger = logging.getLogger("batchgen.supervisor")
 
@@ -33,9 +34,6 @@ STOP_TIMEOUT = 30.0
 PLACEMENT_INTERVAL = 5.0
 # sysexits' "configuration error": restarting with the same settings fails the same way.
 EX_CONFIG = os.EX_CONFIG
-# The variable naming the file a program writes its last words to before it exits
-# with EX_CONFIG (inference/runtime.py).
-TERMINATION_LOG_ENV = "BATCHGEN_TERMINATION_LOG"
 # The group of the inference workers: stopped together, and (with a CPU engine) the
 # programs that keep their priority beside it (batchgen_site/cpu_placement.py).
 INFERENCE_GROUP = "inference"

@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import path, re_path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
 from batches.views import (
@@ -48,12 +49,17 @@ urlpatterns = [
     path("docs", SpectacularSwaggerView.as_view(url_name="openapi"), name="docs"),
     path("metrics", metrics_view, name="metrics"),
     path("admin/pool/", admin.site.admin_view(pool_dashboard), name="admin-pool-dashboard"),
+    # API keys and their usage moved from batchgen_site to core (issue 29): an
+    # operator's bookmark of their admin pages still lands, with its filters.
+    re_path(r"^admin/batchgen_site/(?P<rest>.*)$",
+            RedirectView.as_view(url="/admin/core/%(rest)s", permanent=True,
+                                 query_string=True)),
     path("admin/", admin.site.urls),
     # The admin's CSS and JS, found in the installed apps: a handful of small files for
     # a few operators, so no collectstatic step or separate static server is needed.
     re_path(r"^static/(?P<path>.*)$", serve_static, {"insecure": True}),
 ]
 
-handler400 = "batchgen_site.errors.handler400"
-handler404 = "batchgen_site.errors.handler404"
-handler500 = "batchgen_site.errors.handler500"
+handler400 = "core.errors.handler400"
+handler404 = "core.errors.handler404"
+handler500 = "core.errors.handler500"

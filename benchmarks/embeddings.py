@@ -62,7 +62,7 @@ from engine import (  # noqa: E402
     run_vllm_batch,
 )
 
-from inference.model_prep import EMBEDDING_MODEL_NAME, prepare_embedding_model  # noqa: E402
+from serving.model_prep import EMBEDDING_MODEL_NAME, prepare_embedding_model  # noqa: E402
 
 EMBEDDINGS = "/v1/embeddings"
 ENGINE_FLAGS = {  # BatchGen's engine settings on a CPU, as run_batch flags

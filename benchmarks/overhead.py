@@ -66,11 +66,11 @@ def generate(path: Path, count: int) -> int:
 def run_baseline(path: Path, out: Path) -> dict:
     """Parse, merge parameters, run the simulated engine, format and append every
     request in one process, 200 at a time on one event loop."""
-    from batches.endpoints import endpoint_spec
-    from batches.params import BatchParams
-    from inference.engines.base import EngineConfig, EngineRequest
     from inference.engines.simulated import SimulatedEngine
     from inference.output import format_line
+    from serving.endpoints import endpoint_spec
+    from serving.engines.base import EngineConfig, EngineRequest
+    from serving.params import BatchParams
 
     engine = SimulatedEngine(EngineConfig(engine="simulated", model="m", served_model_name="m"))
     params = BatchParams()

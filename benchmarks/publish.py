@@ -1,5 +1,5 @@
 """Publish: what a chunk message costs the dispatcher on RabbitMQ with publisher
-confirms (issue 26: batchgen_site.publishing) against the plain publish before them.
+confirms (issue 26: core.publishing) against the plain publish before them.
 
 Each mode runs in a process of its own (its own connection pool) on a fresh
 virtual host of the local RabbitMQ: `publish_all` of windows of `--window` chunk
@@ -36,8 +36,8 @@ def run_mode(mode: str, broker_url: str, messages: int, window: int) -> dict:
     import django
 
     django.setup()
-    from batchgen_site.celery import app
-    from batchgen_site.publishing import Message, publisher
+    from core.celery import app
+    from core.publishing import Message, publisher
 
     if mode == "plain":
         app.conf.broker_transport_options = {**app.conf.broker_transport_options,

@@ -8,7 +8,7 @@ with a message that says what the file is and how to unpack it.
 
 from __future__ import annotations
 
-from batchgen_site.errors import BatchGenError
+from core.errors import BatchGenError
 
 # (magic number, format, the command that unpacks it). None of them can open a
 # JSON Lines file: all but bzip2's start with a byte JSON never begins with, and

@@ -32,7 +32,7 @@ class File(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField(null=True, blank=True)
     # The API key that uploaded it (null on an open server or for the server's own).
-    owner = models.ForeignKey("batchgen_site.ApiKey", on_delete=models.SET_NULL, null=True,
+    owner = models.ForeignKey("core.ApiKey", on_delete=models.SET_NULL, null=True,
                               blank=True, related_name="+")
 
     class Meta:

@@ -5,9 +5,9 @@ from pathlib import Path
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from batchgen_site.errors import NotFound
-from batchgen_site.ids import issued_at
-from batchgen_site.pagination import invalid_cursor
+from core.errors import NotFound
+from core.ids import issued_at
+from core.pagination import invalid_cursor
 from files import storage
 from files.models import File
 

@@ -5,7 +5,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from batchgen_site.pagination import list_envelope_serializer
+from core.pagination import list_envelope_serializer
 from files.models import File, FilePurpose
 
 

@@ -6,14 +6,15 @@ import logging
 import os
 import re
 import unicodedata
+from collections.abc import Callable
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from batchgen_site.errors import BatchGenError, Conflict, NotFound
-from batchgen_site.ids import new_id
+from core.errors import BatchGenError, Conflict, NotFound
+from core.ids import new_id
 from files import storage
 from files.models import File, FilePurpose, FileStatus
 from files.upload import StreamedUpload
@@ -21,6 +22,15 @@ from files.upload import StreamedUpload
 logger = logging.getLogger(__name__)
 
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _no_batches_known(*, file_id: str) -> bool:
+    return False
+
+
+# Whether an active batch reads or writes a file: the batches app's business, so it
+# sets this at start-up (files never imports batches).
+in_active_use: Callable[..., bool] = _no_batches_known
 
 
 def sanitize_filename(name: str | None) -> str:
@@ -120,13 +130,11 @@ def file_lock(*, file_id: str) -> File | None:
 def file_delete(*, file: File) -> None:
     """Delete a file and its bytes; refused while an active batch reads or writes it.
     A file deleted by a concurrent call is a 404, as if it had never been there."""
-    from batches.selectors import file_in_active_use
-
     path = storage.absolute(file.storage_name)
     with transaction.atomic():
         if file_lock(file_id=file.id) is None:
             raise NotFound(f"No such file: {file.id}", param="file_id")
-        if file_in_active_use(file_id=file.id):
+        if in_active_use(file_id=file.id):
             raise Conflict(
                 f"File {file.id} is used by an active batch; cancel or wait for it first.",
                 param="file_id", code="file_in_use",

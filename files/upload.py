@@ -20,7 +20,7 @@ from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile
 from django.core.files.uploadhandler import FileUploadHandler
 
-from batchgen_site.errors import PayloadTooLarge
+from core.errors import PayloadTooLarge
 from files.formats import MAGIC_BYTES, check_not_compressed
 from files.storage import ensure_dirs
 

@@ -9,10 +9,10 @@ from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from batchgen_site.auth import request_owner
-from batchgen_site.errors import NotFound, checked_id, error_responses
-from batchgen_site.pagination import list_page
-from batchgen_site.representation import represent
+from core.auth import request_owner
+from core.errors import NotFound, checked_id, error_responses
+from core.pagination import list_page
+from core.representation import represent
 from files import selectors, services, storage
 from files.serializers import (
     FileDeletedSerializer,

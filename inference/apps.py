@@ -8,7 +8,6 @@ class InferenceConfig(AppConfig):
     def ready(self) -> None:
         from batches import availability, dispatch, recovery
         from inference import signals  # noqa: F401 - connects the worker hooks
-        from inference.model_info import served_models
         from inference.selectors import (
             chunks_held_by_live_workers,
             dispatch_window,
@@ -17,9 +16,8 @@ class InferenceConfig(AppConfig):
         )
 
         # The dispatcher asks the SchedulingPool how many chunks each model's workers
-        # can hold, and the model registry which models are served.
+        # can hold.
         dispatch.window_source = dispatch_window
-        dispatch.models_source = lambda: [model.id for model in served_models()]
         # Recovery asks which chunks the live workers hold (prefetched ones too).
         recovery.held_source = chunks_held_by_live_workers
         # The model watch asks which served models have no ready worker.

@@ -3,7 +3,7 @@
 All of a worker's ORM work runs on `DB_THREADS` threads, so a worker holds at most
 that many database connections however many chunks it runs. Each call closes stale
 connections first, so a connection the database dropped is replaced, and the
-services it calls retry transient errors themselves (batchgen_site.transient).
+services it calls retry transient errors themselves (core.transient).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import secrets
 
 import orjson
 
-from inference.engines.base import EngineResult
+from serving.engines.base import EngineResult
 
 
 def format_line(custom_id: str, result: EngineResult) -> bytes:

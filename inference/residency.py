@@ -50,7 +50,7 @@ from batches.chunks import OPEN_CHUNKS
 from batches.dispatch import chunk_model
 from batches.locks import lock_control
 from batches.models import BatchStatus, Chunk
-from batchgen_site.transient import retry_transient
+from core.transient import retry_transient
 from inference.models import ModelSwap, Residency
 
 logger = logging.getLogger("batchgen.inference")

@@ -44,14 +44,13 @@ from celery.exceptions import Reject
 from django.conf import settings
 
 from batches.chunks import ChunkWork, reconcile_counts
-from batches.endpoints import endpoint_spec
+from batches.input_file import read_chunk
 from batches.usage import Usage
-from batches.validation import read_chunk
-from batchgen_site.celery import inference_queue
-from batchgen_site.errors import is_storage_full
-from batchgen_site.outage import dependency_down, outage_began
-from batchgen_site.publishing import publish
-from batchgen_site.supervisor import TERMINATION_LOG_ENV
+from core.celery import inference_queue
+from core.errors import is_storage_full
+from core.outage import dependency_down, outage_began
+from core.publishing import publish
+from core.termination import TERMINATION_LOG_ENV
 from files.incremental import append_lines, probe_room, scan_results
 from inference.database import WorkerDatabase
 from inference.engines import (
@@ -68,6 +67,7 @@ from inference.engines import (
 from inference.ledger import ChunkLedger
 from inference.output import format_line
 from inference.slots import Cost, SlotPool, estimate_cost
+from serving.endpoints import endpoint_spec
 
 logger = logging.getLogger("batchgen.inference")
 
@@ -87,8 +87,8 @@ _WAKE = object()  # put in a chunk's result queue: room was freed, it may be its
 def engine_config_from_settings(model_id: str | None = None) -> EngineConfig:
     """The config of this worker's engine: its model (`model_id`, as a multiplexing
     worker is told, else BATCHGEN_WORKER_MODEL, else the default), the settings every
-    engine reads, then those its spec names (inference/engines/registry.py)."""
-    from inference.model_info import adapters_of, model_by_id, served_model
+    engine reads, then those its spec names (serving/engines/registry.py)."""
+    from serving.model_info import adapters_of, model_by_id, served_model
 
     model = served_model()
     model_id = model_id or settings.BATCHGEN_WORKER_MODEL
@@ -727,7 +727,7 @@ def fits_host_memory(model_path: str) -> bool:
 
 
 def _outage(error: BaseException) -> bool:
-    """Whether `error` is a dependency's outage (said once by batchgen_site.outage),
+    """Whether `error` is a dependency's outage (said once by core.outage),
     not a failure to log on its own."""
     dependency = dependency_down(error)
     if dependency is not None:

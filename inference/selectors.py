@@ -10,8 +10,8 @@ from django.utils import timezone
 
 from batches.intake import intake_reserved
 from batches.models import ACTIVE_STATUSES, Batch, Chunk, ChunkStatus
-from inference.model_info import served_models
 from inference.models import ModelSwap, Residency, Worker
+from serving.model_info import served_models
 
 
 def live_workers() -> QuerySet[Worker]:

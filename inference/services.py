@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from batches.chunks import chunks_expire_leases
-from batchgen_site.transient import retry_transient
+from core.transient import retry_transient
 from inference.models import Worker
 
 logger = logging.getLogger("batchgen.inference")

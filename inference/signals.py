@@ -11,7 +11,7 @@ import math
 from celery import signals
 from django.conf import settings
 
-from batchgen_site.celery import QueueName, inference_queue, is_inference_queue
+from core.celery import QueueName, inference_queue, is_inference_queue
 
 logger = logging.getLogger("batchgen.inference")
 
@@ -51,7 +51,7 @@ def _consume_own_model_queue(app) -> None:
     queues = app.amqp.queues
     if QueueName.INFERENCE.value not in queues.consume_from or settings.BATCHGEN_MULTIPLEX:
         return  # a multiplexing worker consumes its model's queue once it holds one
-    from inference.model_info import served_model
+    from serving.model_info import served_model
 
     model = settings.BATCHGEN_WORKER_MODEL or served_model().id
     # queues[name] declares it as the publisher does (exchange and routing key of its name).

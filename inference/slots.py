@@ -34,9 +34,9 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from batches.endpoints import endpoint_spec
-from batches.endpoints.base import choice_count
-from inference.engines.base import EngineRequest
+from serving.endpoints import endpoint_spec
+from serving.endpoints.base import choice_count
+from serving.engines.base import EngineRequest
 
 CHARS_PER_TOKEN = 4  # a cheap, slightly generous estimate for English text
 # When a request sets no output limit it may use the rest of the context; admission

@@ -5,11 +5,11 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from batchgen_site.errors import NotFound, error_responses
-from batchgen_site.pagination import list_envelope_serializer
-from batchgen_site.representation import represent
+from core.errors import NotFound, error_responses
+from core.pagination import list_envelope_serializer
+from core.representation import represent
 from inference import selectors
-from inference.model_info import SERVER_STARTED, ModelInfo, served_adapters, served_models
+from serving.model_info import SERVER_STARTED, ModelInfo, served_adapters, served_models
 
 
 class ModelPoolStatusSerializer(serializers.Serializer):

@@ -42,7 +42,7 @@ def fresh_process_state():
     takes its keys away)."""
     from django.core.cache import caches
 
-    from batchgen_site.auth import forget_keys_seen
+    from core.auth import forget_keys_seen
 
     caches["default"].clear()
     forget_keys_seen()
@@ -126,8 +126,8 @@ def published(monkeypatch):
 def runtime_factory(published):
     """Start inference runtimes on the simulated engine, in process; all are stopped
     at the end of the test."""
-    from inference.engines.base import EngineConfig
     from inference.runtime import InferenceRuntime
+    from serving.engines.base import EngineConfig
 
     runtimes = []
 

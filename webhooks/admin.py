@@ -7,7 +7,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.utils.html import format_html
 
-from batchgen_site.errors import BatchGenError
+from core.errors import BatchGenError
 from webhooks import services
 from webhooks.models import EVENT_TYPES, WebhookDelivery, WebhookEndpoint
 

@@ -32,7 +32,7 @@ class WebhookEndpoint(models.Model):
     # signature with each (the Standard Webhooks header holds several).
     previous_secret = models.CharField(max_length=100, blank=True, default="")
     previous_secret_expires_at = models.DateTimeField(null=True, blank=True)
-    owner = models.ForeignKey("batchgen_site.ApiKey", on_delete=models.CASCADE, null=True,
+    owner = models.ForeignKey("core.ApiKey", on_delete=models.CASCADE, null=True,
                               blank=True, related_name="+",
                               help_text="Empty: server-wide, sent every batch's events.")
     event_types = models.JSONField(default=all_event_types)

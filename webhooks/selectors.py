@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from batchgen_site.pagination import newest_first
+from core.pagination import newest_first
 from webhooks.models import WebhookEndpoint
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from batchgen_site.pagination import list_envelope_serializer
+from core.pagination import list_envelope_serializer
 from files.serializers import UnixTimestampField
 from webhooks.models import EVENT_TYPES, WebhookEndpoint
 

@@ -27,12 +27,12 @@ from django.utils import timezone
 
 from batches.models import Batch
 from batches.serializers import BatchOutputSerializer
-from batchgen_site.celery import QueueName
-from batchgen_site.errors import BatchGenError, NotFound
-from batchgen_site.ids import new_id
-from batchgen_site.publishing import publish
-from batchgen_site.representation import represent
-from batchgen_site.transient import retry_transient
+from core.celery import QueueName
+from core.errors import BatchGenError, NotFound
+from core.ids import new_id
+from core.publishing import publish
+from core.representation import represent
+from core.transient import retry_transient
 from webhooks import destinations, sender
 from webhooks.models import (
     EVENT_OF_STATUS,

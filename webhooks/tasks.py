@@ -1,5 +1,5 @@
 """Webhook tasks: thin wrappers on the control queue, published by name
-(webhooks.services.send_deliveries_later, the beat schedule in batchgen_site/celery.py)."""
+(webhooks.services.send_deliveries_later, the beat schedule in core/celery.py)."""
 
 from __future__ import annotations
 

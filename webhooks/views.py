@@ -9,11 +9,11 @@ from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from batchgen_site.auth import request_owner
-from batchgen_site.errors import BatchGenError, checked_id, error_responses
-from batchgen_site.pagination import list_page
-from batchgen_site.parsers import JSONParser
-from batchgen_site.representation import represent
+from core.auth import request_owner
+from core.errors import BatchGenError, checked_id, error_responses
+from core.pagination import list_page
+from core.parsers import JSONParser
+from core.representation import represent
 from webhooks import selectors, services
 from webhooks.models import EVENT_TYPES
 from webhooks.serializers import (

@@ -1,14 +1,14 @@
 """Inference engines. One engine per inference worker process.
 
 `load_engine(config)` returns the engine named by `config.engine`, as the engine
-registry (inference/engines/registry.py) declares it; the import of vLLM happens
+registry (serving/engines/registry.py) declares it; the import of vLLM happens
 only when the `vllm` engine is loaded, so the web process and the control worker
 never pay for it.
 """
 
 from __future__ import annotations
 
-from inference.engines.base import (
+from serving.engines.base import (
     Engine,
     EngineConfig,
     EngineConfigError,
@@ -18,7 +18,7 @@ from inference.engines.base import (
     EngineUnavailable,
     LoraAdapter,
 )
-from inference.engines.registry import ENGINES, EngineSpec, engine_spec
+from serving.engines.registry import ENGINES, EngineSpec, engine_spec
 
 
 def load_engine(config: EngineConfig) -> Engine:

@@ -54,8 +54,8 @@ from tenacity import (
 from tenacity.wait import wait_base
 from urllib3.util import Retry
 
-from batches.endpoints import EndpointSpec, endpoint_spec
-from inference.engines.base import (
+from serving.endpoints import EndpointSpec, endpoint_spec
+from serving.engines.base import (
     Engine,
     EngineConfig,
     EngineRequest,

@@ -8,10 +8,10 @@ import asyncio
 import hashlib
 import time
 
-from batches.endpoints import endpoint_spec
-from batches.endpoints.base import choice_count
-from inference.engines.base import Engine, EngineConfigError, EngineRequest, EngineResult
-from inference.engines.registry import SIMULATED_CONTEXT
+from serving.endpoints import endpoint_spec
+from serving.endpoints.base import choice_count
+from serving.engines.base import Engine, EngineConfigError, EngineRequest, EngineResult
+from serving.engines.registry import SIMULATED_CONTEXT
 
 
 class SimulatedEngine(Engine):

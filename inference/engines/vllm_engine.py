@@ -12,7 +12,7 @@ parsing and tool-call parsing are vLLM's, not ours. What BatchGen adds:
 - error mapping: nothing raises for a bad request, every failure becomes an
   `EngineResult` error with a BatchGen code;
 - the output body shape of the API contract (`reasoning_content`, `tool_calls`), which
-  each endpoint's spec gives (batches/endpoints/).
+  each endpoint's spec gives (serving/endpoints/).
 
 LoRA adapters are vLLM's too: the model's adapters are registered with
 `OpenAIServingModels` as `vllm serve --lora-modules` does, so a request naming one
@@ -70,8 +70,8 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from batches.endpoints import ENDPOINTS, EndpointSpec
-from inference.engines.base import (
+from serving.endpoints import ENDPOINTS, EndpointSpec
+from serving.engines.base import (
     Engine,
     EngineConfig,
     EngineConfigError,
@@ -472,7 +472,7 @@ class VllmEngine(Engine):
         body = {**request.body, "request_id": request.request_id}
         return await serve(body)
 
-    # One method per endpoint spec (batches/endpoints/), named serve_<spec.name>: the
+    # One method per endpoint spec (serving/endpoints/), named serve_<spec.name>: the
     # response body as a plain dict, or vLLM's ErrorResponse.
 
     async def serve_chat(self, body: dict[str, Any]) -> dict[str, Any] | ErrorResponse:

@@ -10,8 +10,8 @@ from django.utils import timezone
 
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
 from files.models import File, FilePurpose
-from inference.model_info import served_model
 from inference.models import Worker
+from serving.model_info import served_model
 from tests.conftest import chat_line, jsonl
 from tests.files.test_api import assert_envelope
 
@@ -313,7 +313,7 @@ def test_list_after_an_id_of_no_batch_is_400_not_the_first_page(api, three_batch
 
 
 def test_list_after_another_keys_batch_is_400_as_if_it_did_not_exist(api, three_batches):
-    from batchgen_site.auth import apikey_create
+    from core.auth import apikey_create
 
     api.credentials(HTTP_AUTHORIZATION=f"Bearer {apikey_create(name='other')[1]}")
 

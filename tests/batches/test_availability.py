@@ -138,7 +138,7 @@ def test_a_transition_ends_the_shown_wait(running_batch):
 
 
 def test_only_the_batches_of_the_unavailable_model_wait(running_batch, settings):
-    from inference.model_info import served_models
+    from serving.model_info import served_models
 
     settings.BATCHGEN_MODELS = "m=/models/m,other=/models/other"
     served_models.cache_clear()

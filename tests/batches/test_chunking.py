@@ -7,8 +7,9 @@ import random
 
 import pytest
 
-from batches.endpoints import endpoint_spec
-from batches.validation import read_chunk, validate_file
+from batches.input_file import read_chunk
+from batches.validation import validate_file
+from serving.endpoints import endpoint_spec
 from tests.conftest import jsonl
 
 SYSTEMS = [f"You are assistant number {n}. " + "Follow these rules. " * 40 for n in range(4)]

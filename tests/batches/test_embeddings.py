@@ -11,14 +11,14 @@ import orjson
 import pytest
 
 from batches import services
-from batches.endpoints import endpoint_spec
 from batches.models import BatchStatus, Chunk
-from batches.params import BatchParams
 from batches.validation import validate_file
 from files import storage
-from inference.engines.base import EngineConfig, EngineRequest
 from inference.engines.simulated import SimulatedEngine
 from inference.slots import estimate_tokens
+from serving.endpoints import endpoint_spec
+from serving.engines.base import EngineConfig, EngineRequest
+from serving.params import BatchParams
 from tests.conftest import jsonl
 
 EMBEDDINGS = "/v1/embeddings"
@@ -122,8 +122,8 @@ def test_an_embeddings_batch_runs_to_completion(runtime_factory, upload, setting
 @pytest.fixture
 def vllm_serving(settings):
     """The vLLM engine configured (not started) with a model folder of either kind."""
-    from inference.model_info import served_model
-    from inference.model_prep import EMBEDDING_MODEL_NAME, prepare_embedding_model
+    from serving.model_info import served_model
+    from serving.model_prep import EMBEDDING_MODEL_NAME, prepare_embedding_model
 
     def _serve(kind: str):
         settings.BATCHGEN_ENGINE = "vllm"

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from batches.endpoints import ENDPOINTS, EndpointSpec, endpoint_spec
-from batches.endpoints.base import register
 from batches.models import Endpoint
+from batchgen.batchgen_client import ENDPOINTS as CLIENT_ENDPOINTS
+from serving.endpoints import ENDPOINTS, EndpointSpec, endpoint_spec
+from serving.endpoints.base import register
 
 ROOT = Path(__file__).resolve().parents[2]
 # Code that must ask the registry rather than know an endpoint.
-APPS = ("batches", "inference", "files")
+APPS = ("serving", "batches", "inference", "files")
 URL = re.compile(r"/v1/(chat/completions|completions|embeddings|responses)\b")
 
 
@@ -29,6 +30,12 @@ def test_every_spec_decodes_its_own_lines_and_refuses_another_endpoints_url():
         line = b'{"custom_id": "a", "method": "POST", "url": "%s", "body": {}}' % other.encode()
         with pytest.raises(Exception, match="url"):
             spec.decoder.decode(line)
+
+
+def test_the_client_lists_exactly_the_registered_endpoints():
+    # The client installs without the server, so it keeps its own list (the CLI's
+    # --endpoint help): this keeps it from drifting.
+    assert sorted(CLIENT_ENDPOINTS) == sorted(ENDPOINTS)
 
 
 def test_an_unknown_endpoint_is_named_in_the_error():

@@ -11,7 +11,7 @@ import pytest
 from batches import dispatch, services
 from batches.dispatch import batch_shares
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
-from batchgen_site.auth import apikey_create
+from core.auth import apikey_create
 from tests.conftest import chat_line, jsonl
 
 pytestmark = pytest.mark.django_db

@@ -18,12 +18,12 @@ from django.test.utils import CaptureQueriesContext
 from batches import chunks, quotas, services
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
 from batches.usage import Usage
-from batchgen_site.auth import apikey_create
-from batchgen_site.models import ApiKey, KeyUsage
+from core.auth import apikey_create
+from core.models import ApiKey, KeyUsage
 from files import storage
 from files.incremental import append_lines
-from inference.engines.base import EngineResult
 from inference.output import format_line
+from serving.engines.base import EngineResult
 from tests.conftest import chat_line, jsonl
 
 pytestmark = pytest.mark.django_db(transaction=True)

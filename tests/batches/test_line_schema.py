@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from batches.endpoints import ENDPOINTS, endpoint_spec
-from batches.endpoints.chat import ROLES
-from batches.line_checks import LineError
-from batches.line_schema import DecodeError
-from batches.params import SAMPLING_BOUNDS
 from batches.validation import parse_line
+from serving.endpoints import ENDPOINTS, endpoint_spec
+from serving.endpoints.chat import ROLES
+from serving.line_checks import LineError
+from serving.line_schema import DecodeError
+from serving.params import SAMPLING_BOUNDS
 
 CORPUS = Path(__file__).resolve().parents[1] / "corpus" / "inputs"
 ABSENT = object()
@@ -28,7 +28,7 @@ def corpus_lines() -> list[bytes]:
 def variants() -> list[bytes]:
     base = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
             "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}}
-    # Around every bound of the table (batches.params.SAMPLING_BOUNDS) and past 64 bits.
+    # Around every bound of the table (serving.params.SAMPLING_BOUNDS) and past 64 bits.
     odd_values = [None, True, False, 0, 1, -1, 1.0, 0.5, 2, 2.0, 2.01, -2, -2.01, 3, 20, 21,
                   1e999, -0.0, "", "x", "1", [], {}, [1], ["a"], 10**20, -(10**20), 2**63 - 1,
                   2**63, -(2**63), -(2**63) - 1, [10**20], [True], [1.5], [None]]

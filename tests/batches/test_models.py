@@ -21,7 +21,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def two_models(settings):
     """The server serves "m" (the default, first) and "e"."""
-    from inference.model_info import served_models
+    from serving.model_info import served_models
 
     settings.BATCHGEN_MODELS = "m=/models/m,e=/models/e"
     served_models.cache_clear()
@@ -136,7 +136,7 @@ def test_chunks_made_before_chunks_named_a_model_go_to_the_default_models_queue(
 
 def test_an_adapters_lines_join_its_base_models_chunks_and_queue(
         create_batch, queues, settings, tmp_path, django_capture_on_commit_callbacks):
-    from inference.model_info import served_models
+    from serving.model_info import served_models
 
     adapter = tmp_path / "sql"
     adapter.mkdir()

@@ -1,4 +1,4 @@
-"""Parameter priority (batches.params.resolve_body, through each endpoint's spec):
+"""Parameter priority (serving.params.resolve_body, through each endpoint's spec):
 body > batch > server default."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import copy
 
 import pytest
 
-from batches.endpoints import endpoint_spec
-from batches.params import BatchParams, output_token_limit
+from serving.endpoints import endpoint_spec
+from serving.params import BatchParams, output_token_limit
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

@@ -13,9 +13,9 @@ from rest_framework.test import APIClient
 from batches import quotas, services
 from batches.intake import intake_reserved
 from batches.models import Batch, BatchStatus, Chunk
-from batchgen_site.auth import apikey_create
-from batchgen_site.errors import QuotaExceeded
-from batchgen_site.models import KeyUsage
+from core.auth import apikey_create
+from core.errors import QuotaExceeded
+from core.models import KeyUsage
 from tests.concurrency import require_concurrent_database, run_together
 from tests.conftest import chat_line, error_of, jsonl
 

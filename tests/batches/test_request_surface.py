@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from batches.line_checks import LineError
 from batches.validation import check_body
-from inference.engines.base import EngineConfig, EngineRequest
 from inference.engines.simulated import SimulatedEngine
+from serving.engines.base import EngineConfig, EngineRequest
+from serving.line_checks import LineError
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

@@ -13,17 +13,17 @@ import pytest
 from openai.types.responses import Response
 
 from batches import quotas, services
-from batches.endpoints import endpoint_spec
 from batches.models import BatchStatus, Chunk
-from batches.params import BatchParams
 from batches.usage import Usage
 from batches.validation import parse_line, validate_file
-from batchgen_site.auth import apikey_create
-from batchgen_site.models import KeyUsage
+from core.auth import apikey_create
+from core.models import KeyUsage
 from files import storage
-from inference.engines.base import EngineConfig, EngineRequest
 from inference.engines.simulated import SimulatedEngine
 from inference.slots import estimate_cost
+from serving.endpoints import endpoint_spec
+from serving.engines.base import EngineConfig, EngineRequest
+from serving.params import BatchParams
 from tests.conftest import jsonl
 
 RESPONSES = "/v1/responses"

@@ -600,7 +600,7 @@ def test_cancel_of_a_batch_past_running_raises_a_400_error(status):
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_creates_on_one_file_make_exactly_one_active_batch(upload, published):
-    from batchgen_site.errors import BatchGenError
+    from core.errors import BatchGenError
 
     require_concurrent_database()
 

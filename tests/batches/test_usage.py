@@ -16,8 +16,8 @@ from batches.serializers import BatchOutputSerializer
 from batches.usage import Usage, output_digest_and_usage
 from files import storage
 from files.incremental import append_lines
-from inference.engines.base import EngineResult
 from inference.output import format_line
+from serving.engines.base import EngineResult
 from tests.conftest import jsonl
 
 pytestmark = pytest.mark.django_db(transaction=True)

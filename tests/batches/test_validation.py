@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from batches.validation import BOM, read_chunk, validate_file
+from batches.input_file import BOM, read_chunk
+from batches.validation import validate_file
 from tests.conftest import chat_line, completion_line, jsonl
 
 CHAT = "/v1/chat/completions"

@@ -13,10 +13,10 @@ from django.conf import settings as django_settings
 from django.db.models import Sum
 
 from batches import services
+from batches.input_file import read_chunk
 from batches.intake import intake_reserved
 from batches.models import ACTIVE_STATUSES, Batch, Chunk
 from batches.services import OPEN_CHUNKS
-from batches.validation import read_chunk
 from files import storage as file_storage
 from files.models import File
 from tests.concurrency import at_once, require_concurrent_database

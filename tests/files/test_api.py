@@ -12,7 +12,7 @@ from io import BytesIO
 import pytest
 from django.http import UnreadablePostError
 
-from batchgen_site.errors import BatchGenError
+from core.errors import BatchGenError
 from files.models import File, FilePurpose
 from files.services import file_register_output
 from files.upload import StreamingUploadHandler

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from inference.engines import EngineRequest, LoraAdapter, load_engine
-from inference.engines.base import EngineConfig
-from inference.model_info import (
+from serving.engines.base import EngineConfig
+from serving.model_info import (
     ModelEntry,
     ModelListError,
     adapters_of,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from django.core.management import call_command
 
-from inference.model_prep import (
+from serving.model_prep import (
     EMBEDDING_MODEL_NAME,
     embedding_model_dir,
     is_prepared,

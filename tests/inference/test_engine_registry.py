@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from batches.endpoints import ENDPOINTS
 from inference.engines import ENGINES, EngineConfig, engine_spec, load_engine
 from inference.engines.simulated import SimulatedEngine
+from serving.endpoints import ENDPOINTS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,8 +31,8 @@ def test_every_engine_serves_only_registered_endpoints():
 
 
 def test_the_engine_config_takes_the_settings_its_spec_names(settings):
-    from inference.model_info import served_model
     from inference.runtime import engine_config_from_settings
+    from serving.model_info import served_model
 
     settings.BATCHGEN_ENGINE = "simulated"
     settings.BATCHGEN_SIM_LATENCY_MS = 12.5
@@ -48,7 +48,7 @@ def test_the_engine_config_takes_the_settings_its_spec_names(settings):
 
 
 def test_every_engine_setting_has_a_default_in_the_one_table():
-    from batchgen_site.config import SERVER_SETTINGS
+    from core.config import SERVER_SETTINGS
 
     table = {setting.env for setting in SERVER_SETTINGS}
     for spec in ENGINES.values():
@@ -68,7 +68,7 @@ def test_reading_the_registry_never_imports_vllm():
 def test_no_module_branches_on_an_engine_name():
     named = [
         f"{path.relative_to(ROOT)}:{number}"
-        for folder in ("inference", "batches", "batchgen_site")
+        for folder in ("serving", "inference", "batches", "batchgen_site", "core")
         for path in (ROOT / folder).rglob("*.py")
         if path.name != "registry.py"
         for number, text in enumerate(path.read_text().splitlines(), 1)

@@ -10,7 +10,7 @@ import pytest
 from celery.worker import state
 from django.db import OperationalError
 
-from batchgen_site import outage
+from core import outage
 from inference.models import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)

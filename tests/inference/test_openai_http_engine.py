@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from batches.endpoints import ENDPOINTS
-from inference.engines.base import EngineConfig, EngineRequest, EngineUnavailable
 from inference.engines.openai_http import OpenAIHttpEngine
+from serving.endpoints import ENDPOINTS
+from serving.engines.base import EngineConfig, EngineRequest, EngineUnavailable
 from tests.e2e.harness import wait_until
 from tests.inference.openai_stub import MAX_MODEL_LEN, MODEL, Answer, OpenAIStub
 
@@ -94,8 +94,8 @@ VLLM_RESPONSE = {
 async def test_a_responses_line_goes_to_the_servers_responses_endpoint(stub):
     from openai.types.responses import Response
 
-    from batches.endpoints import endpoint_spec
-    from batches.params import BatchParams
+    from serving.endpoints import endpoint_spec
+    from serving.params import BatchParams
 
     stub.answer(Answer(200, VLLM_RESPONSE))
     engine = await started(engine_for(stub))
@@ -323,7 +323,7 @@ async def test_start_fails_at_once_when_the_server_does_not_serve_the_model(stub
 def served_remote_model(settings, stub: OpenAIStub):
     """The one served model of BATCHGEN_MODELS naming the stub's model, as the web
     process reads it."""
-    from inference.model_info import served_models
+    from serving.model_info import served_models
 
     settings.BATCHGEN_ENGINE_URL = stub.url
     settings.BATCHGEN_MODELS = f"m={MODEL}:openai-http"
@@ -353,7 +353,7 @@ def test_a_context_the_server_could_not_give_is_asked_again_once_it_is_up(
     """A web process that read the models before the engine's server was up (serve
     starts both at once, and /health asks at once) shows the server's context once it
     answers, not a 0 kept for the life of the process."""
-    from inference import model_info
+    from serving import model_info
 
     monkeypatch.setattr(model_info, "UNSETTLED_SECONDS", 0.0)
     settings.BATCHGEN_ENGINE_URL = stub.url

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import orjson
 
-from inference.engines.base import EngineResult
 from inference.output import format_line
+from serving.engines.base import EngineResult
 
 
 def test_success_line_has_the_batch_api_shape():

@@ -13,8 +13,8 @@ from batches.intake import intake_reserved
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
 from files import storage
 from files.incremental import append_lines
-from inference.engines.base import EngineResult
 from inference.output import format_line
+from serving.engines.base import EngineResult
 from tests.e2e.harness import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from batchgen_site.celery import app
+from core.celery import app
 from inference.signals import _consume_own_model_queue, consumes_inference
 
 

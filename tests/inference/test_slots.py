@@ -70,8 +70,8 @@ def test_an_oversized_request_still_runs_alone():
 
 
 def test_estimate_counts_prompt_and_output_limit():
-    from inference.engines.base import EngineRequest
     from inference.slots import DEFAULT_OUTPUT_ESTIMATE, estimate_tokens
+    from serving.engines.base import EngineRequest
 
     chat = EngineRequest("r", "c", "/v1/chat/completions",
                          {"messages": [{"role": "user", "content": "x" * 400}],
@@ -82,8 +82,8 @@ def test_estimate_counts_prompt_and_output_limit():
 
 
 def test_estimate_counts_the_output_of_each_of_n_choices():
-    from inference.engines.base import EngineRequest
     from inference.slots import estimate_tokens
+    from serving.engines.base import EngineRequest
 
     body = {"messages": [{"role": "user", "content": "x" * 400}], "max_completion_tokens": 50}
     one = estimate_tokens(EngineRequest("r", "c", "/v1/chat/completions", body))
@@ -122,8 +122,8 @@ def test_a_prefix_is_counted_until_its_last_request_leaves():
 
 
 def test_estimate_shares_the_system_prompt_of_a_chat():
-    from inference.engines.base import EngineRequest
     from inference.slots import estimate_cost
+    from serving.engines.base import EngineRequest
 
     def chat(question):
         return EngineRequest("r", "c", "/v1/chat/completions", {

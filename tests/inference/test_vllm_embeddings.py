@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inference.engines.base import EngineRequest
-from inference.model_prep import EMBEDDING_MODEL_NAME, prepare_embedding_model
+from serving.engines.base import EngineRequest
+from serving.model_prep import EMBEDDING_MODEL_NAME, prepare_embedding_model
 from tests.inference.test_vllm_engine import EngineHarness, running_vllm
 
 pytestmark = pytest.mark.vllm

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from inference.engines.base import EngineConfig, EngineRequest, EngineResult
-from inference.model_prep import DEFAULT_MODEL_NAME, model_info, prepare_default_model
+from serving.engines.base import EngineConfig, EngineRequest, EngineResult
+from serving.model_prep import DEFAULT_MODEL_NAME, model_info, prepare_default_model
 
 pytestmark = pytest.mark.vllm
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from inference.model_prep import model_info
+from serving.model_prep import model_info
 from tests.inference.test_vllm_engine import (  # noqa: F401 - model_dir is a fixture
     EngineHarness,
     chat_request,

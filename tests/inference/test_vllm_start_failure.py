@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from inference.engines.base import EngineConfigError
+from serving.engines.base import EngineConfigError
 
 vllm_engine = pytest.importorskip("inference.engines.vllm_engine")
 

@@ -304,7 +304,7 @@ def test_file_list_shows_purpose_size_checksum_batch_and_download(admin_client, 
 
 def test_file_download_streams_the_bytes_to_staff_even_when_the_api_wants_keys(
         admin_client, client, upload, api):
-    from batchgen_site.auth import apikey_create
+    from core.auth import apikey_create
 
     content = b'{"custom_id": "a"}\n' * 1000
     file_id = upload(content, filename="prompts.jsonl")["id"]
@@ -328,7 +328,7 @@ def test_file_download_of_missing_bytes_is_a_404(admin_client, upload):
 
 
 def test_batches_and_files_show_their_api_key(admin_client, make_batch):
-    from batchgen_site.auth import apikey_create
+    from core.auth import apikey_create
 
     batch = make_batch(2)
     key, _ = apikey_create(name="team-a")
@@ -379,7 +379,7 @@ def test_file_delete_refused_by_the_service_keeps_the_file(admin_client, make_ba
                                                            monkeypatch):
     # A batch started on the file after the confirmation page was shown.
     file_id = make_batch(2).input_file_id
-    monkeypatch.setattr("files.admin.file_in_active_use", lambda file_id: False)
+    monkeypatch.setattr("batches.files_admin.file_in_active_use", lambda file_id: False)
 
     response = admin_client.post(url("files_file_delete", file_id), {"post": "yes"},
                                  follow=True)

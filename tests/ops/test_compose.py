@@ -7,6 +7,7 @@ reference exists."""
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,12 @@ def test_dockerfile_builds_a_server_and_a_gpu_image_from_files_that_exist():
     for source in re.findall(r"^COPY (\S+) \./", text, re.MULTILINE):
         assert (ROOT / source).exists(), source
     assert "USER batchgen" in text
+
+
+def test_the_image_holds_every_package_the_project_ships():
+    # `pip install .` in the image finds only what was copied: a package left out
+    # installs nothing and the server fails at its first import of it.
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"]["find"]["include"]
+    copied = set(re.findall(r"^COPY (\S+) \./\1$", DOCKERFILE.read_text(), re.MULTILINE))
+    assert sorted({pattern.rstrip("*") for pattern in include} - copied) == []

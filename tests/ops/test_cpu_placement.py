@@ -180,7 +180,7 @@ def test_serve_places_processes_only_on_a_host_without_gpus(settings, monkeypatc
 
 def test_only_workers_of_an_engine_computing_on_the_host_cpu_wait_for_it(settings):
     from batchgen_site.management.commands.serve import Command
-    from inference.model_info import served_models
+    from serving.model_info import served_models
 
     settings.BATCHGEN_MODELS = "chat=/models/chat:vllm,remote=m:openai-http"
     settings.BATCHGEN_ENGINE_URL = "http://127.0.0.1:1/v1"

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from batchgen_site.auth import apikey_create
 from batchgen_site.management.commands.serve import Command
+from core.auth import apikey_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

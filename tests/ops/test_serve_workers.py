@@ -89,7 +89,7 @@ def test_one_inference_worker_by_default():
 
 
 def test_each_served_model_gets_its_own_workers_on_its_own_queue(settings):
-    from inference.model_info import served_models
+    from serving.model_info import served_models
 
     settings.BATCHGEN_MODELS = "chat=/models/chat,embed=/models/embed"
     settings.BATCHGEN_INFERENCE_WORKERS = 2
@@ -206,7 +206,7 @@ def test_a_group_of_workers_stops_in_the_time_of_one(tmp_path):
 
 @pytest.fixture
 def two_models_two_workers(settings):
-    from inference.model_info import served_models
+    from serving.model_info import served_models
 
     settings.BATCHGEN_MODELS = "chat=/models/chat,embed=/models/embed"
     settings.BATCHGEN_INFERENCE_WORKERS = 2
@@ -218,7 +218,7 @@ def two_models_two_workers(settings):
 @pytest.fixture
 def pings(monkeypatch):
     """Answer pings from the node names given; records the names pinged."""
-    from batchgen_site.celery import app
+    from core.celery import app
 
     asked: list[str] = []
     answering: set[str] = set()

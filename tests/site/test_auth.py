@@ -9,8 +9,8 @@ import pytest
 from django.core.management import call_command
 from rest_framework.test import APIClient
 
-from batchgen_site.auth import apikey_create, hash_key
-from batchgen_site.models import ApiKey
+from core.auth import apikey_create, hash_key
+from core.models import ApiKey
 from tests.conftest import chat_line, jsonl
 
 pytestmark = pytest.mark.django_db
@@ -57,7 +57,7 @@ def test_a_wrong_or_revoked_key_is_refused(published):
 
 def test_a_key_made_by_another_process_closes_the_server_within_a_second(
         published, monkeypatch):
-    from batchgen_site import auth
+    from core import auth
 
     clock = [1000.0]
     monkeypatch.setattr(auth.time, "monotonic", lambda: clock[0])

@@ -7,8 +7,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from inference.model_info import SERVER_STARTED, served_model
 from inference.models import Worker
+from serving.model_info import SERVER_STARTED, served_model
 from tests.conftest import error_of
 
 pytestmark = pytest.mark.django_db
@@ -103,7 +103,7 @@ def test_health_ignores_workers_that_are_gone(api, stale):
 
 def test_health_is_503_when_the_broker_is_unreachable(api, monkeypatch):
     worker()
-    from batchgen_site.celery import app
+    from core.celery import app
 
     def refuse(*args, **kwargs):
         raise ConnectionRefusedError("broker down")
@@ -119,7 +119,7 @@ def test_health_is_503_when_the_broker_is_unreachable(api, monkeypatch):
 def test_health_names_a_served_model_that_has_no_ready_worker(api, settings):
     # Given: two served models, a ready worker for one of them only (the other's
     # engine cannot start, say)
-    from inference.model_info import served_models
+    from serving.model_info import served_models
 
     settings.BATCHGEN_MODELS = "m=/models/m,embed=/models/embed"
     served_models.cache_clear()

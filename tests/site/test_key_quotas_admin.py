@@ -10,8 +10,8 @@ from django.core.management.base import CommandError
 
 from batches import quotas
 from batches.usage import Usage
-from batchgen_site.auth import apikey_create
-from batchgen_site.models import ApiKey
+from core.auth import apikey_create
+from core.models import ApiKey
 
 pytestmark = pytest.mark.django_db
 
@@ -75,7 +75,7 @@ def test_the_admin_edits_a_keys_quotas_and_shows_what_it_holds_and_used(admin_cl
     key, _ = apikey_create(name="team-a")
     quotas.key_usage_add({(key.pk, quotas.utc_today()): quotas.KeyDayUsage(
         requests_completed=1, tokens=Usage(input_tokens=30, output_tokens=12))})
-    url = f"/admin/batchgen_site/apikey/{key.pk}/change/"
+    url = f"/admin/core/apikey/{key.pk}/change/"
 
     response = admin_client.post(url, {"name": "team-a", "max_intake_requests": "100",
                                        "tokens_per_day": "", "weight": "4"})
@@ -83,16 +83,29 @@ def test_the_admin_edits_a_keys_quotas_and_shows_what_it_holds_and_used(admin_cl
     assert response.status_code == 302, response.content.decode()[:2000]
     key.refresh_from_db()
     assert (key.max_intake_requests, key.tokens_per_day, key.weight) == (100, None, 4)
-    listing = admin_client.get("/admin/batchgen_site/apikey/").content.decode()
+    listing = admin_client.get("/admin/core/apikey/").content.decode()
     assert "team-a" in listing and ">42<" in listing
-    usage = admin_client.get("/admin/batchgen_site/keyusage/").content.decode()
+    usage = admin_client.get("/admin/core/keyusage/").content.decode()
     assert "team-a" in usage and "42 tokens" in usage
+
+
+def test_the_admins_key_pages_from_before_the_move_to_core_lead_to_them(admin_client):
+    key, _ = apikey_create(name="team-a")
+
+    change = admin_client.get(f"/admin/batchgen_site/apikey/{key.pk}/change/")
+    listing = admin_client.get("/admin/batchgen_site/apikey/?revoked_at__isempty=1",
+                               follow=True)
+
+    assert (change.status_code, change["Location"]) == (
+        301, f"/admin/core/apikey/{key.pk}/change/")
+    assert listing.redirect_chain == [("/admin/core/apikey/?revoked_at__isempty=1", 301)]
+    assert "team-a" in listing.content.decode()
 
 
 def test_the_admin_refuses_a_weight_out_of_bounds(admin_client):
     key, _ = apikey_create(name="team-a")
 
-    response = admin_client.post(f"/admin/batchgen_site/apikey/{key.pk}/change/",
+    response = admin_client.post(f"/admin/core/apikey/{key.pk}/change/",
                                  {"name": "team-a", "weight": "0"})
 
     assert response.status_code == 200  # the form again, with the error

@@ -1,4 +1,4 @@
-"""A dependency's outage is said once per process (batchgen_site.outage): one WARNING
+"""A dependency's outage is said once per process (core.outage): one WARNING
 when it starts, one INFO when it ends, and the control tasks it interrupts return
 quietly instead of logging `raised unexpected` tracebacks at every tick (issue 26).
 A bug is still an error. The whole path under a real PostgreSQL cut is
@@ -14,9 +14,9 @@ from celery.exceptions import Retry
 from django.db import IntegrityError, OperationalError, connection, transaction
 from kombu.exceptions import OperationalError as BrokerError
 
-from batchgen_site import outage, transient
-from batchgen_site.outage import BROKER, DATABASE, dependency_down
-from batchgen_site.transient import DatabaseBusy, retry_transient
+from core import outage, transient
+from core.outage import BROKER, DATABASE, dependency_down
+from core.transient import DatabaseBusy, retry_transient
 from tests.site.test_transient import DEADLOCK, django_error
 
 REFUSED = OperationalError('connection failed: connection to server at "127.0.0.1", port '
@@ -143,8 +143,8 @@ def test_a_periodic_task_skips_an_outage_quietly(monkeypatch, caplog):
 def test_every_task_of_the_app_is_outage_tolerant():
     import importlib
 
-    from batchgen_site.celery import app
-    from batchgen_site.outage import OutageTolerantTask
+    from core.celery import app
+    from core.outage import OutageTolerantTask
 
     for module in ("batches.tasks", "files.tasks", "inference.tasks", "webhooks.tasks"):
         importlib.import_module(module)  # every task registered

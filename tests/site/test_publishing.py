@@ -1,4 +1,4 @@
-"""Publishing after commit through a broker outage (batchgen_site.publishing): what
+"""Publishing after commit through a broker outage (core.publishing): what
 the broker does not take is held in the process and published again, in order, as
 soon as it does; callers never wait on a broker that is down; a chunk is marked
 published only once the broker took its message. And the outage is one WARNING per
@@ -15,9 +15,9 @@ from kombu.exceptions import OperationalError as BrokerError
 
 from batches.dispatch import publish_chunks
 from batches.models import Chunk, ChunkStatus
-from batchgen_site import publishing
 from batchgen_site.log_filters import BrokerOutageOnce
-from batchgen_site.publishing import Message, Publisher
+from core import publishing
+from core.publishing import Message, Publisher
 
 
 class Broker:

@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from batches.models import Batch, BatchStatus
 from batches.serializers import BatchOutputSerializer
-from batchgen_site.representation import represent, represent_many
+from core.representation import represent, represent_many
 from files.models import File
 from files.serializers import FileOutputSerializer
 

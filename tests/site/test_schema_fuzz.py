@@ -32,11 +32,11 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from batches.models import Batch, BatchStatus
-from batchgen_site.ids import new_id
 from batchgen_site.wsgi import application
+from core.ids import new_id
 from files.models import File, FilePurpose, FileStatus
-from inference.model_info import served_model
 from inference.models import Worker
+from serving.model_info import served_model
 from tests.conftest import chat_line, jsonl
 from webhooks import sender
 from webhooks.models import WebhookEndpoint

@@ -83,7 +83,7 @@ def _celery_lines(task: str) -> None:
 
 def test_every_task_the_beat_sends_within_ten_seconds_is_a_routine_tick(settings):
     """Recovery (every 15 s) keeps its INFO line: it says what was recovered."""
-    from batchgen_site.celery import app
+    from core.celery import app
 
     frequent = {entry["task"] for entry in app.conf.beat_schedule.values()
                 if float(entry["schedule"]) < 10}

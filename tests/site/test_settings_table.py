@@ -1,4 +1,4 @@
-"""One table of settings (batchgen_site/config.py): every variable the server reads is
+"""One table of settings (core/config.py): every variable the server reads is
 a row of it, the README's settings table agrees with it (names, flags, defaults),
 and a value that cannot be used stops the server at start naming the setting."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from batchgen_site.config import SERVER_SETTINGS, SettingError, read_all, readme_rows, value
+from core.config import SERVER_SETTINGS, SettingError, read_all, readme_rows, value
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVER_PACKAGES = ("batchgen_site", "batches", "files", "inference", "webhooks")
+SERVER_PACKAGES = ("batchgen_site", "batches", "core", "files", "inference", "webhooks")
 # Names that look like settings but are not variables anyone sets: Django settings
 # derived from the table, a constant, and the supervisor's hand-off to its children.
 NOT_VARIABLES = {"BATCHGEN_EMBEDDED_BROKER", "BATCHGEN_COMPLETION_WINDOW_HOURS",

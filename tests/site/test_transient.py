@@ -1,4 +1,4 @@
-"""Transient database errors are retried in one place (batchgen_site.transient) and,
+"""Transient database errors are retried in one place (core.transient) and,
 when they outlast the retries, reach a client as 503 database_busy, never a 500."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import psycopg.errors
 import pytest
 from django.db import IntegrityError, OperationalError, transaction
 
-from batchgen_site import transient
-from batchgen_site.transient import DatabaseBusy, is_transient, retry_transient
+from core import transient
+from core.transient import DatabaseBusy, is_transient, retry_transient
 from tests.conftest import error_of
 
 

@@ -9,9 +9,9 @@ import sys
 import pytest
 from gunicorn.app.wsgiapp import WSGIApplication
 
-from batchgen_site.config import SERVER_SETTINGS, server_setting
 from batchgen_site.gunicorn_worker import BatchGenWorker
 from batchgen_site.management.commands.serve import Command
+from core.config import SERVER_SETTINGS, server_setting
 
 
 def gunicorn_config(argv: list[str], monkeypatch):

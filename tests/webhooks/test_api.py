@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from batchgen.webhooks import verify
-from batchgen_site.auth import apikey_create
+from core.auth import apikey_create
 from tests.conftest import error_of
 
 pytestmark = pytest.mark.django_db

@@ -107,7 +107,7 @@ def test_a_name_that_does_not_resolve_is_refused(api, strict, dns):
 @pytest.mark.parametrize("url", ["https://2130706433/", "https://0x7f.1/"])
 def test_numeric_spellings_of_loopback_are_refused(strict, url):
     # Not URLs the API's validator accepts; the services (manage.py, admin) get them.
-    from batchgen_site.errors import BatchGenError
+    from core.errors import BatchGenError
 
     with pytest.raises(BatchGenError) as refused:
         services.endpoint_create(url=url)

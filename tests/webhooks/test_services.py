@@ -13,7 +13,7 @@ from django.utils import timezone
 from batches import services as batch_services
 from batches.models import Batch, BatchStatus
 from batchgen.webhooks import verify
-from batchgen_site.auth import apikey_create
+from core.auth import apikey_create
 from webhooks import services
 from webhooks.models import DeliveryStatus, WebhookDelivery
 

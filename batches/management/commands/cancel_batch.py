@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from batches.models import BatchStatus
 from batches.services import batch_cancel, batch_get
-from batchgen_site.errors import BatchGenError, NotFound
+from core.errors import BatchGenError, NotFound
 
 
 class Command(BaseCommand):

@@ -15,8 +15,8 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from batchgen_site.auth import apikey_create, apikey_revoke, apikey_set_quotas
-from batchgen_site.models import ApiKey
+from core.auth import apikey_create, apikey_revoke, apikey_set_quotas
+from core.models import ApiKey
 
 QUOTA_OPTIONS = ("max_intake_requests", "tokens_per_day", "weight")
 UNSET = object()  # an option not given (`none` is given: no limit)

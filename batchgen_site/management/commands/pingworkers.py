@@ -9,9 +9,9 @@ from celery.utils.nodenames import host_format
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from batchgen_site.celery import app
 from batchgen_site.management.commands.serve import inference_node_names
-from inference.model_info import served_models
+from core.celery import app
+from serving.model_info import served_models
 
 
 class Command(BaseCommand):

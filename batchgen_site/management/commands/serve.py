@@ -15,13 +15,13 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from batchgen_site.celery import QueueName, inference_queue
-from batchgen_site.config import SERVER_SETTINGS, value
 from batchgen_site.cpu_placement import CpuPlacement
 from batchgen_site.gpus import GpuSlicingError, gpu_slices, visible_gpus
 from batchgen_site.supervisor import INFERENCE_GROUP, Program, Supervisor
-from inference.engines.registry import engine_spec
-from inference.model_info import ModelListError, served_adapters, served_models
+from core.celery import QueueName, inference_queue
+from core.config import SERVER_SETTINGS, value
+from serving.engines.registry import engine_spec
+from serving.model_info import ModelListError, served_adapters, served_models
 
 logger = logging.getLogger("batchgen.serve")
 
@@ -33,7 +33,7 @@ ACCESS_LOG_MODES = {
     "none": [],
 }
 # BATCHGEN_WEB_WORKERS unset: processes, not threads, carry the polling load
-# (batchgen_site/config.py), so twice the cores, 2 to 8.
+# (core/config.py), so twice the cores, 2 to 8.
 DEFAULT_WEB_WORKERS = min(max(2 * (os.cpu_count() or 1), 2), 8)
 
 
@@ -43,7 +43,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         # Every setting of the table that has a flag; a flag's value goes into the
         # environment (_environment), where the settings read it with its type and
-        # bounds (batchgen_site/config.py).
+        # bounds (core/config.py).
         for setting in SERVER_SETTINGS:
             if not setting.flag:
                 continue
@@ -118,7 +118,7 @@ class Command(BaseCommand):
                     settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1])
         for warning in sorted(warnings):
             logger.warning(warning)
-        from batchgen_site.auth import auth_required
+        from core.auth import auth_required
 
         if web and listen_ip not in ("127.0.0.1", "::1", "localhost") and not auth_required():
             logger.warning("listening on %s without API keys: anyone who reaches this address "

@@ -1,5 +1,5 @@
 """`manage.py settings_table`: the rows of the README's settings table, one per
-setting of the table in batchgen_site/config.py (flag, variable, default, help).
+setting of the table in core/config.py (flag, variable, default, help).
 tests/site/test_settings_table.py fails while the README disagrees with the table;
 paste a new setting's row from here."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand
 
-from batchgen_site.config import readme_rows
+from core.config import readme_rows
 
 
 class Command(BaseCommand):

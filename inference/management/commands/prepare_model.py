@@ -21,7 +21,7 @@ class Command(BaseCommand):
                             help="the model folder to prepare (default: BATCHGEN_MODEL)")
 
     def handle(self, *args, **options):
-        from inference.model_prep import (
+        from serving.model_prep import (
             default_model_dir,
             embedding_model_dir,
             prepare_default_model,

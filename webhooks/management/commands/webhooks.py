@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from batchgen_site.errors import BatchGenError
-from batchgen_site.models import ApiKey
+from core.errors import BatchGenError
+from core.models import ApiKey
 from webhooks import services
 from webhooks.models import EVENT_TYPES, WebhookDelivery, WebhookEndpoint
 

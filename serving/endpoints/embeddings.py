@@ -13,10 +13,10 @@ from typing import Annotated, Any, Literal
 import msgspec
 import numpy as np
 
-from batches.endpoints.base import EndpointSpec, register, text_prefix_key
-from batches.line_checks import LineError
-from batches.line_schema import CustomId
-from batches.params import INT64_MAX, BatchParams, Bound
+from serving.endpoints.base import EndpointSpec, register, text_prefix_key
+from serving.line_checks import LineError
+from serving.line_schema import CustomId
+from serving.params import INT64_MAX, BatchParams, Bound
 
 # all-MiniLM-L6-v2's size: what the simulated engine answers when none is asked.
 SIMULATED_DIMENSIONS = 384

@@ -124,7 +124,7 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
             "the highest LoRA adapter rank served (vLLM: 1, 8, 16, 32, 64, 128, 256, 320, "
             "512)",
             kind=int, minimum=1),
-    # The engines and the settings each reads: inference/engines/registry.py.
+    # The engines and the settings each reads: serving/engines/registry.py.
     Setting("--engine", "BATCHGEN_ENGINE", "vllm",
             "'vllm' (default), 'openai-http' (a remote OpenAI-compatible server, "
             "--engine-url) or 'simulated' (load and fault tests only)"),

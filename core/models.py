@@ -37,6 +37,9 @@ class ApiKey(models.Model):
 
     class Meta:
         verbose_name = "API key"
+        # The table keeps the name it was created with in batchgen_site (the model
+        # moved to core without touching the database: core/migrations/0001).
+        db_table = "batchgen_site_apikey"
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
@@ -64,6 +67,7 @@ class KeyUsage(models.Model):
     class Meta:
         verbose_name = "API key usage (per day)"
         verbose_name_plural = "API key usage (per day)"
+        db_table = "batchgen_site_keyusage"  # as ApiKey's
         ordering = ["-day", "key_id"]
         constraints = [
             models.UniqueConstraint(fields=["key", "day"], name="key_usage_unique_day"),

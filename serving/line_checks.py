@@ -1,12 +1,12 @@
 """The slow path's checks every endpoint shares: the error they raise and the
-sampling and length parameters (batches/params.py's bounds). Each endpoint's own
-fields are checked by its spec (batches/endpoints/)."""
+sampling and length parameters (serving/params.py's bounds). Each endpoint's own
+fields are checked by its spec (serving/endpoints/)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from batches.params import SAMPLING_BOUNDS
+from serving.params import SAMPLING_BOUNDS
 
 
 class LineError(Exception):

@@ -1,4 +1,6 @@
 """The Files admin: what is stored, who owns it, which batches use it, a download.
+It lives with the batches because it shows them (files never imports batches);
+batches/admin.py imports it, which registers it.
 
 Files are never added or edited here (uploads stream through the API). Deleting goes
 through `files.services.file_delete`, which refuses a file an active batch uses. The
@@ -20,7 +22,7 @@ from django.utils.html import format_html, format_html_join
 
 from batches.models import Batch
 from batches.selectors import file_in_active_use
-from batchgen_site.errors import Conflict
+from core.errors import Conflict
 from files import storage
 from files.models import File
 from files.services import file_delete

@@ -10,7 +10,7 @@ from celery import Celery
 from celery.app.amqp import AMQP
 from kombu import Connection, Exchange, Queue
 
-from batchgen_site.config import value
+from core.config import value
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batchgen_site.settings")
 
@@ -52,9 +52,9 @@ class BatchGenAMQP(AMQP):
 # Every task's base: an outage of the database or the broker skips a task quietly
 # (said once per process), it does not log a traceback at every tick.
 app = Celery("batchgen", amqp=BatchGenAMQP,
-             task_cls="batchgen_site.outage:OutageTolerantTask")
+             task_cls="core.outage:OutageTolerantTask")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-# RabbitMQ confirms each publish (batchgen_site.publishing): a message written into
+# RabbitMQ confirms each publish (core.publishing): a message written into
 # a connection the broker already dropped raises instead of vanishing. Redis's
 # transport ignores the option (its LPUSH is answered anyway).
 app.conf.broker_transport_options = {**app.conf.broker_transport_options,

@@ -19,10 +19,10 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from batches.endpoints.base import PREFIX_CHARS, EndpointSpec, register
-from batches.line_checks import LineError, check_flag, check_sampling, shown
-from batches.line_schema import CustomId
-from batches.params import SAMPLING_BOUNDS, BatchParams, Bound, resolve_body
+from serving.endpoints.base import PREFIX_CHARS, EndpointSpec, register
+from serving.line_checks import LineError, check_flag, check_sampling, shown
+from serving.line_schema import CustomId
+from serving.params import SAMPLING_BOUNDS, BatchParams, Bound, resolve_body
 
 # The sampling parameters a Responses body takes (OpenAI's, and vLLM's top_k and
 # penalties), held to the same bounds as chat's.

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from django.conf import settings
 
-from batches.endpoints import ENDPOINTS
-from inference.engines.registry import ENGINES, engine_spec
+from serving.endpoints import ENDPOINTS
+from serving.engines.registry import ENGINES, engine_spec
 
 SERVER_STARTED = int(time.time())
 ADAPTER_PREFIX = "lora:"  # name=lora:path@base: a LoRA adapter on the model `base`

@@ -40,7 +40,7 @@ def dependency_down(error: BaseException) -> str | None:
     from django.db import DatabaseError
     from kombu.exceptions import OperationalError as BrokerError
 
-    from batchgen_site.transient import DatabaseBusy, is_connection_lost
+    from core.transient import DatabaseBusy, is_connection_lost
 
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
@@ -57,7 +57,7 @@ def dependency_down(error: BaseException) -> str | None:
 
 def _level(dependency: str, level: int) -> int:
     # The broker's outage is said once per process already, from Celery's own
-    # connection lines (log_filters.BrokerOutageOnce) and by batchgen_site.publishing:
+    # connection lines (log_filters.BrokerOutageOnce) and by core.publishing:
     # what is noted here about it is DEBUG, so it is not said twice.
     return logging.DEBUG if dependency == BROKER else level
 

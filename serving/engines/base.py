@@ -22,7 +22,7 @@ class LoraAdapter:
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    engine: str  # a name in inference.engines.registry.ENGINES
+    engine: str  # a name in serving.engines.registry.ENGINES
     model: str  # path of a local Hugging Face model folder
     served_model_name: str  # the id shown in /v1/models and in output bodies
     max_context_length: int | None = None  # server cap, prompt + completion; None = model's
@@ -56,9 +56,9 @@ class EngineConfig:
 class EngineRequest:
     request_id: str  # unique inside the engine while it runs
     custom_id: str
-    endpoint: str  # a URL of batches.endpoints.ENDPOINTS
+    endpoint: str  # a URL of serving.endpoints.ENDPOINTS
     # The request body with batch-level defaults already merged in
-    # (see inference.params.resolve_body). If neither max_tokens nor
+    # (see serving.params.resolve_body). If neither max_tokens nor
     # max_completion_tokens is present, the engine uses what remains of the context.
     body: dict[str, Any]
     # Batch-level cap on prompt + completion tokens; None means the engine's own.

@@ -1,13 +1,13 @@
-"""The batch endpoints BatchGen serves: one spec module each (batches/endpoints/base.py
+"""The batch endpoints BatchGen serves: one spec module each (serving/endpoints/base.py
 says what a spec holds). Adding an endpoint: a module here, its import below, and the
 engines' serve_<name> method (docs/architecture.md, "Adding an endpoint")."""
 
-from batches.endpoints import (  # noqa: F401 - each registers
+from serving.endpoints import (  # noqa: F401 - each registers
     chat,
     completions,
     embeddings,
     responses,
 )
-from batches.endpoints.base import ENDPOINTS, NOT_BATCHED, EndpointSpec, endpoint_spec
+from serving.endpoints.base import ENDPOINTS, NOT_BATCHED, EndpointSpec, endpoint_spec
 
 __all__ = ["ENDPOINTS", "NOT_BATCHED", "EndpointSpec", "endpoint_spec"]

@@ -1,6 +1,6 @@
 """The input line's shape as msgspec types: the fast path of validation. The parts
 every endpoint shares are here; each endpoint's line type is in its spec
-(batches/endpoints/).
+(serving/endpoints/).
 
 msgspec decodes and checks a line in one pass in C. Every line it accepts is one the
 rule-by-rule checks in batches/validation.py accept too (the types here are no more
@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from batches.params import INT64_MAX, SAMPLING_BOUNDS, Bound
+from serving.params import INT64_MAX, SAMPLING_BOUNDS, Bound
 
 CustomId = Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
 Int64 = Annotated[int, msgspec.Meta(ge=-INT64_MAX - 1, le=INT64_MAX)]
@@ -105,7 +105,7 @@ def _bounded(bound: Bound) -> Any:
     return Annotated[float, msgspec.Meta(ge=bound.low, le=bound.high)]
 
 
-# Each endpoint's body (batches/endpoints/) adds its own fields to these.
+# Each endpoint's body (serving/endpoints/) adds its own fields to these.
 Body = msgspec.defstruct(
     "Body",
     [("model", Annotated[str, msgspec.Meta(min_length=1)]),

@@ -16,7 +16,7 @@ from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 
-from batchgen_site.models import ApiKey
+from core.models import ApiKey
 
 KEY_PREFIX = "bg-"
 
@@ -136,7 +136,7 @@ def request_owner(request) -> ApiKey | None:
 class ApiKeyScheme(OpenApiAuthenticationExtension):
     """Tells drf-spectacular that the API takes `Authorization: Bearer <key>`."""
 
-    target_class = "batchgen_site.auth.ApiKeyAuthentication"
+    target_class = "core.auth.ApiKeyAuthentication"
     name = "ApiKey"
 
     def get_security_definition(self, auto_schema):

@@ -9,7 +9,7 @@ with jittered exponential backoff (so workers that collided do not collide again
 step), then the error is raised as `DatabaseBusy`, which the API answers 503 with
 `Retry-After` (never a 500) and a Celery task simply raises for its caller's
 recovery to cover. A lost connection is an outage, not contention: its retries are
-logged at DEBUG and the outage once (batchgen_site.outage).
+logged at DEBUG and the outage once (core.outage).
 
 Only the outermost transaction is retried: inside an atomic block the connection is
 already in a failed transaction, so a nested call lets the error through to the
@@ -35,7 +35,7 @@ WAIT_MAX = 1.0
 TRANSIENT_SQLSTATES = ("40001", "40P01", "55P03", "57P01", "57P02", "57P03", "53300")
 TRANSIENT_CLASSES = ("08",)
 # Of those, the ones that say the server is gone (not busy): an outage, said once
-# per process by batchgen_site.outage rather than at every retry.
+# per process by core.outage rather than at every retry.
 CONNECTION_LOST_SQLSTATES = ("57P01", "57P02", "57P03")
 
 
@@ -82,7 +82,7 @@ def _before_retry(state: tenacity.RetryCallState) -> None:
     message = str(error).splitlines()[0] if str(error) else type(error).__name__
     if is_connection_lost(error):
         # An outage: said once per process, not at every attempt of every call.
-        from batchgen_site.outage import DATABASE, outage_began
+        from core.outage import DATABASE, outage_began
 
         outage_began(DATABASE, error)
         level = logging.DEBUG

@@ -6,21 +6,21 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from batches.endpoints.base import (
+from serving.endpoints.base import (
     PREFIX_CHARS,
     EndpointSpec,
     choice_count,
     choices_with_defaults,
     register,
 )
-from batches.line_checks import (
+from serving.line_checks import (
     LineError,
     check_flag,
     check_response_format,
     check_sampling,
     shown,
 )
-from batches.line_schema import Body, CustomId, Message
+from serving.line_schema import Body, CustomId, Message
 
 
 class ChatBody(Body, kw_only=True):

@@ -1,6 +1,6 @@
 """The engine registry: what each engine is, known without importing it.
 
-An engine is a class (inference/engines/base.py's contract) plus a spec here that
+An engine is a class (serving/engines/base.py's contract) plus a spec here that
 declares how its model is prepared, what it serves (endpoints, the model's served id
 and context length) and which settings configure it. `load_engine`, model_info,
 `serve` and the runtime ask the spec; none of them names an engine.
@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from batches.endpoints import ENDPOINTS
-from inference.model_prep import is_embedding_model
+from serving.endpoints import ENDPOINTS
+from serving.model_prep import is_embedding_model
 
 if TYPE_CHECKING:
-    from inference.engines.base import Engine, EngineConfig
+    from serving.engines.base import Engine, EngineConfig
 
 
 # The simulated engine's context when its model folder gives none.
@@ -35,7 +35,7 @@ SIMULATED_CONTEXT = 8192
 class EngineSpec:
     name: str  # BATCHGEN_ENGINE's value
     engine_class: str  # "module:Class", imported by load_engine only
-    # EngineConfig field -> the Django setting (batchgen_site/config.py's table) it
+    # EngineConfig field -> the Django setting (core/config.py's table) it
     # comes from, for the settings this engine alone reads.
     settings: Mapping[str, str] = field(default_factory=dict)
     endpoints: tuple[str, ...] = tuple(ENDPOINTS)  # the batch endpoints it can serve

@@ -128,11 +128,11 @@ def _first_error(detail, prefix: str | None = None) -> tuple[str, str | None, st
 
 
 def openai_exception_handler(exc, context) -> Response:
-    from batchgen_site.outage import DATABASE, dependency_down, outage_began
-    from batchgen_site.transient import DatabaseBusy, is_transient
+    from core.outage import DATABASE, dependency_down, outage_began
+    from core.transient import DatabaseBusy, is_transient
 
     if isinstance(exc, DatabaseBusy) or is_transient(exc):
-        # Retried already (batchgen_site.transient); the client may safely try again.
+        # Retried already (core.transient); the client may safely try again.
         if dependency_down(exc) == DATABASE:
             outage_began(DATABASE, exc)  # an outage: said once, not at every request
         else:

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from batches.endpoints.base import (
+from serving.endpoints.base import (
     PREFIX_CHARS,
     EndpointSpec,
     choice_count,
@@ -14,9 +14,9 @@ from batches.endpoints.base import (
     register,
     text_prefix_key,
 )
-from batches.line_checks import LineError, check_response_format, check_sampling
-from batches.line_schema import Body, CustomId, Int64
-from batches.params import SAMPLING_BOUNDS, Bound
+from serving.line_checks import LineError, check_response_format, check_sampling
+from serving.line_schema import Body, CustomId, Int64
+from serving.params import SAMPLING_BOUNDS, Bound
 
 # Completions' logprobs is a count (the most likely tokens at each step), up to
 # what vLLM returns by default (its max_logprobs).

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from batchgen_site.celery import app
+from core.celery import app
 
 logger = logging.getLogger("batchgen.broker")
 

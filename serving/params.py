@@ -7,7 +7,7 @@ name for it, such as max_output_tokens) > the batch's max_decoding_length > what
 remains of the context (left to the engine, which knows the prompt's length).
 
 Bounds: SAMPLING_BOUNDS is the one table of what each numeric parameter may be. The
-line checks (batches/validation.py), the msgspec fast path (batches/line_schema.py)
+line checks (batches/validation.py), the msgspec fast path (serving/line_schema.py)
 and the batch-level fields at create (batches/serializers.py) are all built from it,
 so a line and a batch are held to the same ranges.
 """

@@ -8,7 +8,7 @@ simulated engine's answer and the shape of the output body. Engines dispatch on 
 spec's `name` to their own method for it (`VllmEngine.serve_chat`, ...).
 
 Like vLLM's parser managers, specs register themselves by URL when their module is
-imported; batches/endpoints/__init__.py imports every spec module.
+imported; serving/endpoints/__init__.py imports every spec module.
 
 Specs import neither Django nor vLLM: the web process, the control worker and the
 inference workers all read them.
@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from batches.params import BatchParams, resolve_body
+from serving.params import BatchParams, resolve_body
 
 # Without earlier turns, the first characters of the only message or of the prompt
 # stand for its prefix (batches/chunking.py).
@@ -45,7 +45,7 @@ class EndpointSpec:
 
     def check_body(self, body: dict[str, Any]) -> None:
         """The endpoint's own fields (`model` is checked by the caller), with the
-        sampling ones (batches.line_checks.check_sampling) where it takes them; raise
+        sampling ones (serving.line_checks.check_sampling) where it takes them; raise
         LineError naming what is wrong."""
         raise NotImplementedError
 
@@ -61,7 +61,7 @@ class EndpointSpec:
     # --- running -------------------------------------------------------------------------
 
     def resolve_body(self, body: dict[str, Any], batch: BatchParams) -> dict[str, Any]:
-        """The body the engine runs (batches/params.py: body > batch > server)."""
+        """The body the engine runs (serving/params.py: body > batch > server)."""
         return resolve_body(body, batch, output_limit_field=self.output_limit_field)
 
     def prompt_chars(self, body: dict[str, Any]) -> int:

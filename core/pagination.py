@@ -5,8 +5,8 @@ from __future__ import annotations
 from django.db.models import QuerySet
 from rest_framework import serializers
 
-from batchgen_site.errors import BatchGenError
-from batchgen_site.representation import represent_many
+from core.errors import BatchGenError
+from core.representation import represent_many
 
 
 def invalid_cursor(after: str, *, kind: str) -> BatchGenError:
