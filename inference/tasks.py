@@ -20,7 +20,7 @@ def run_chunk(self, batch_id: str, chunk_id: int) -> str:
 
 
 # The residency scheduler's turn (inference/residency.py): on the control queue (its
-# name is routed there, batchgen_site/celery.py), every second from the beat. A turn
+# name is routed there, core/celery.py), every second from the beat. A turn
 # that finds another deciding skips; the next one sees what it decided.
 @shared_task(name="residency.decide", expires=5)
 def decide_residency() -> str:
