@@ -358,3 +358,57 @@ def test_two_deciders_at_once_decide_each_worker_once(batch_in_progress):
     assert len(decided) == len({d.worker for d in decided}) == 1  # one model, one worker
     assert ModelSwap.objects.count() == 1
     assert Residency.objects.filter(epoch=1).count() == 1
+
+
+def test_the_queue_switch_follows_the_model_a_multiplexing_worker_holds():
+    """Consume the bare queue while holding nothing or swapping, the model's queue
+    once its engine is up, nothing while the storage volume is full."""
+    import threading
+    from types import SimpleNamespace
+
+    from inference.signals import QueueSwitch
+
+    consumed = {"inference"}
+
+    class Queues(dict):  # kombu's Queues, as far as the switch uses them
+        consume_from = {"inference": None}
+
+        def select_add(self, queue):
+            pass
+
+        def deselect(self, name):
+            pass
+
+        def __missing__(self, name):
+            return name
+
+    class Consumer:
+        app = SimpleNamespace(amqp=SimpleNamespace(queues=Queues()))
+        task_consumer = SimpleNamespace(consuming_from=lambda name: name in consumed)
+
+        def call_soon(self, fn):
+            fn()
+
+        def cancel_task_queue(self, name):
+            consumed.discard(name)
+
+        def add_task_queue(self, name):
+            consumed.add(name)
+
+    runtime = SimpleNamespace(storage_error="", multiplex=True, swapping=threading.Event(),
+                              engine=None, config=SimpleNamespace(served_model_name=""))
+    switch = QueueSwitch(Consumer(), runtime)
+
+    runtime.engine, runtime.config.served_model_name = object(), "m"
+    switch.changed()
+    assert consumed == {"inference", "inference.m"}
+    runtime.swapping.set()
+    switch.changed()
+    assert consumed == {"inference"}
+    runtime.swapping.clear()
+    runtime.config.served_model_name = "e"
+    switch.changed()
+    assert consumed == {"inference", "inference.e"}
+    runtime.storage_error = "No space left on device"
+    switch.changed()
+    assert consumed == set()
