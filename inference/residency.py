@@ -173,8 +173,12 @@ def model_demand(now: datetime) -> list[ModelDemand]:
     rows = (Chunk.objects.filter(status__in=OPEN_CHUNKS, batch__status=BatchStatus.IN_PROGRESS)
             .values("model").annotate(requests=Sum(F("count") - F("completed") - F("failed")),
                                       since=Min("batch__in_progress_at")))
-    evicted = dict(ModelSwap.objects.exclude(from_model="").values("from_model")
-                   .annotate(last=Max("decided_at")).values_list("from_model", "last"))
+    rows = list(rows)
+    oldest = min((row["since"] for row in rows if row["since"]), default=now)
+    # Only evictions since the oldest open batch began can move a wait's start.
+    evicted = dict(ModelSwap.objects.exclude(from_model="").filter(decided_at__gte=oldest)
+                   .values("from_model").annotate(last=Max("decided_at"))
+                   .values_list("from_model", "last"))
     merged: dict[str, tuple[int, datetime]] = {}
     for row in rows:
         model = chunk_model(row["model"])

@@ -412,3 +412,21 @@ def test_the_queue_switch_follows_the_model_a_multiplexing_worker_holds():
     runtime.storage_error = "No space left on device"
     switch.changed()
     assert consumed == set()
+
+
+@pytestmark_db
+def test_a_model_taken_off_a_worker_waits_from_then_not_from_its_batch_start(
+        two_models, batch_in_progress):
+    from inference.residency import model_demand
+
+    batch = batch_in_progress(3, chunk_size=3)
+    Chunk.objects.filter(batch=batch).update(model="e")
+    began = batch.in_progress_at
+    evicted_at = began + timedelta(seconds=30)
+    ModelSwap.objects.create(worker="w1", from_model="e", to_model="m", reason="stretch",
+                             decided_at=evicted_at)
+
+    [demand_e] = model_demand(began + timedelta(seconds=60))
+
+    assert (demand_e.model, demand_e.requests) == ("e", 3)
+    assert demand_e.waiting_since == evicted_at.timestamp()
