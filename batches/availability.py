@@ -53,12 +53,25 @@ def _failed_message(models: list[str]) -> str:
 # The served models that have no inference worker with its engine ready: the inference
 # app's business, so it sets this at start-up (batches never imports it).
 unavailable_source: Callable[[], list[str]] = list
+# Where workers multiplex (inference/residency.py): the served models resident on no
+# worker now. Their batches wait for the scheduler, within its bound, and never fail
+# for it.
+not_resident_source: Callable[[], list[str]] = list
+NOT_RESIDENT = "model_not_resident"
 
 
-def batches_waiting_for_models() -> dict[str, list[str]]:
-    """Running batches with open chunks of a model that has no ready worker: batch
-    id -> those models."""
-    unavailable = unavailable_source()
+def _not_resident_message(models: list[str]) -> str:
+    return (f"Model {', '.join(models)} is not loaded on an inference worker now: the "
+            "workers serve the models by turns, and this batch's requests for it wait "
+            f"until one loads it, within {settings.BATCHGEN_MAX_MODEL_WAIT_SECONDS:g} s "
+            "(BATCHGEN_MAX_MODEL_WAIT_SECONDS).")
+
+
+def batches_waiting_for_models(source: Callable[[], list[str]] | None = None
+                               ) -> dict[str, list[str]]:
+    """Running batches with open chunks of a model that has no ready worker (or, with
+    `source`, of the models it names): batch id -> those models."""
+    unavailable = (source or unavailable_source)()
     if not unavailable:
         return {}
     names = set(unavailable) | {""}  # blank: chunks of the default model
@@ -71,11 +84,24 @@ def batches_waiting_for_models() -> dict[str, list[str]]:
     return {batch_id: sorted(models) for batch_id, models in waiting.items()}
 
 
+def _show_not_resident() -> None:
+    """Say on each running batch that waits for its model to be loaded that it does,
+    and clear it once the model is resident (or the batch waits for nothing)."""
+    waiting = batches_waiting_for_models(not_resident_source)
+    Batch.objects.filter(status=BatchStatus.IN_PROGRESS, error__code=NOT_RESIDENT).exclude(
+        id__in=list(waiting)).update(error=None)
+    for batch_id, models in waiting.items():
+        Batch.objects.filter(id=batch_id, status=BatchStatus.IN_PROGRESS,
+                             error__isnull=True).update(
+            error={"code": NOT_RESIDENT, "message": _not_resident_message(models)})
+
+
 @retry_transient
 def batches_watch_models() -> int:
     """Show, clear, or (after the bound) fail the wait of each running batch for a
     model nothing runs. Returns how many batches failed. Reads only, when no model
     is unavailable and no batch shows the wait."""
+    _show_not_resident()
     waiting = batches_waiting_for_models()
     shown = Batch.objects.filter(status=BatchStatus.IN_PROGRESS, error__code=MODEL_UNAVAILABLE)
     resumed = shown.exclude(id__in=list(waiting))

@@ -4,7 +4,9 @@ Every transaction that locks more than one row takes its locks in this order, so
 two transactions can wait on each other in a cycle (PostgreSQL would abort one with
 "deadlock detected"; SQLite serialises writers and would hide the bug):
 
-1. a `ControlLock` row (`admission` or `dispatch`; never both in one transaction);
+1. a `ControlLock` row (`admission`, `dispatch` or `residency`; never two in one
+   transaction; the residency scheduler then writes only inference's Residency and
+   ModelSwap rows);
 2. `File` rows;
 3. `Worker` rows;
 4. `Chunk` rows, in ascending id;

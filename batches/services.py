@@ -411,7 +411,7 @@ def batch_storage_resumed(*, batch_id: str) -> None:
 
 # The errors a running batch shows while it waits, which end with the wait: the
 # storage volume full, its model with no ready worker (batches/availability.py).
-WAIT_CODES = (STORAGE_FULL, "model_unavailable")
+WAIT_CODES = (STORAGE_FULL, "model_unavailable", "model_not_resident")
 
 
 def batch_wait_ended(*, batch_id: str) -> None:

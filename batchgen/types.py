@@ -23,6 +23,7 @@ __all__ = [
     "InputTokensDetails",
     "Model",
     "ModelPoolStatus",
+    "Multiplexing",
     "OutputTokensDetails",
     "PoolStatus",
     "RequestCounts",
@@ -162,6 +163,8 @@ class Model(BaseObject):
     endpoints: list[str]
     live: bool
     workers: int
+    resident: bool
+    resident_on: list[str]
     root: str
     parent: str | None
     object: str | None = None
@@ -179,6 +182,19 @@ class ModelPoolStatus(BaseObject):
     scheduling_pool_capacity: int
     scheduling_pool_tokens_active: int
     scheduling_pool_token_budget: int | None
+    resident_on: list[str]
+    waiting_seconds: float | None
+
+
+@_typed
+class Multiplexing(BaseObject):
+    __component__ = "Multiplexing"
+    workers: int
+    swaps: int
+    swaps_done: int
+    loads: int
+    swap_seconds: float
+    swap_hand_back_seconds: float
 
 
 @_typed
@@ -195,6 +211,7 @@ class PoolStatus(BaseObject):
     scheduling_pool_token_budget: int | None
     storage_error: str | None
     models: list[ModelPoolStatus]
+    multiplexing: Multiplexing | None
 
 
 # -- webhook endpoints ------------------------------------------------------------------

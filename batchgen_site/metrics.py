@@ -37,6 +37,7 @@ class BatchGenCollector(Collector):
         yield from self._batches()
         yield from self._chunks()
         yield from self._workers()
+        yield from self._residency()
         yield from self._keys()
 
     def _pool(self):
@@ -152,7 +153,39 @@ class BatchGenCollector(Collector):
             families["storage_full"].add_metric(labels, int(bool(worker.storage_error)))
         yield from families.values()
 
+    def _residency(self):
+        """Model multiplexing (inference/residency.py): absent while no worker does."""
+        from inference.models import ModelSwap, Residency
+        from inference.selectors import residency_figures
+
+        if not Residency.objects.exists() and not ModelSwap.objects.exists():
+            return
+        figures = residency_figures()
+        yield CounterMetricFamily("batchgen_model_swaps",
+                                  "Swaps decided from one model to another on a worker",
+                                  value=figures["swaps"])
+        yield CounterMetricFamily("batchgen_model_loads",
+                                  "First models loaded by multiplexing workers",
+                                  value=figures["loads"])
+        yield CounterMetricFamily("batchgen_model_swap_seconds",
+                                  "Seconds spent stopping and starting engines in swaps and "
+                                  "loads", value=figures["swap_seconds"])
+        resident = GaugeMetricFamily("batchgen_model_resident_workers",
+                                     "Live workers a model is resident on", labels=["model"])
+        open_requests = GaugeMetricFamily("batchgen_model_requests_open",
+                                          "A model's requests not yet finished",
+                                          labels=["model"])
+        waiting = GaugeMetricFamily("batchgen_model_wait_seconds",
+                                    "How long a model with open requests has waited for a "
+                                    "worker (0 while resident)", labels=["model"])
+        for model, row in figures["models"].items():
+            resident.add_metric([model], len(row["resident_on"]))
+            open_requests.add_metric([model], row["requests_open"])
+            waiting.add_metric([model], row["waiting_seconds"] or 0)
+        yield from (resident, open_requests, waiting)
+
     def _keys(self):
+
         """Per API key, labelled by the key's name (never its secret or prefix); keys
         that share a name are summed. Usage counters cover every day there was."""
         from batches.models import Batch

@@ -73,6 +73,7 @@ app.conf.task_routes = {
     "batches.*": {"queue": QueueName.CONTROL.value},
     "files.*": {"queue": QueueName.CONTROL.value},
     "webhooks.*": {"queue": QueueName.CONTROL.value},
+    "residency.*": {"queue": QueueName.CONTROL.value},
 }
 WEBHOOK_SWEEP_SECONDS = value("BATCHGEN_WEBHOOK_SWEEP_SECONDS")
 app.conf.beat_schedule = {
@@ -84,6 +85,10 @@ app.conf.beat_schedule = {
     # batch, failed after BATCHGEN_MODEL_UNAVAILABLE_SECONDS (batches/availability.py).
     # Two reads a tick while every model runs.
     "watch-models": {"task": "batches.watch_models", "schedule": 10.0},
+    # Model multiplexing: which model each multiplexing worker holds. One read a tick
+    # while no worker multiplexes (inference/residency.py).
+    "decide-residency": {"task": "residency.decide", "schedule": 1.0,
+                         "options": {"expires": 5}},
     "purge-expired-files": {"task": "files.purge_expired_files", "schedule": 3600.0},
     # Webhook retries that are due (first attempts go out on commit). A tick not run
     # within its interval is dropped: the next one covers the same rows.

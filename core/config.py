@@ -247,6 +247,22 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
     Setting("--inference-workers", "BATCHGEN_INFERENCE_WORKERS", "1",
             "inference workers started here, one engine each (0: none, they run on GPU hosts)",
             kind=int, minimum=0),
+    # Model multiplexing (inference/residency.py, docs/models.md): workers not pinned
+    # to a model; one scheduler decides which model each holds. Off by default: the
+    # fixed layout (each model its own workers) never swaps.
+    Setting("--multiplex", "BATCHGEN_MULTIPLEX", "false",
+            "inference workers are not pinned to a model: --inference-workers N in all, "
+            "each holding whichever model the residency scheduler gives it", is_bool=True),
+    # The bound a batch waits for its model to be resident somewhere, and how long a
+    # resident model keeps its worker while another waits: a swap costs a model load
+    # (half a minute for SmolLM2 on this CPU), so a stretch a few times that keeps the
+    # time spent swapping small (docs/architecture.md, "Model multiplexing").
+    Setting("--max-model-wait", "BATCHGEN_MAX_MODEL_WAIT_SECONDS", "900",
+            "multiplexing: the longest a batch waits before its model is resident on a "
+            "worker, whatever else is queued", kind=float, minimum=1),
+    Setting("--model-stretch", "BATCHGEN_MODEL_STRETCH_SECONDS", "300",
+            "multiplexing: how long a resident model keeps its worker while another model "
+            "waits (it keeps it longer while nothing else waits)", kind=float, minimum=0),
     Setting("--gpus-per-worker", "BATCHGEN_GPUS_PER_WORKER", "0",
             "GPUs each inference worker gets as its own CUDA_VISIBLE_DEVICES slice "
             "(0: no slicing, every worker sees every GPU)",

@@ -11,6 +11,7 @@ class InferenceConfig(AppConfig):
         from inference.selectors import (
             chunks_held_by_live_workers,
             dispatch_window,
+            models_not_resident,
             models_without_ready_worker,
         )
 
@@ -21,3 +22,5 @@ class InferenceConfig(AppConfig):
         recovery.held_source = chunks_held_by_live_workers
         # The model watch asks which served models have no ready worker.
         availability.unavailable_source = models_without_ready_worker
+        # ... and, where workers multiplex, which models none of them holds now.
+        availability.not_resident_source = models_not_resident

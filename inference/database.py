@@ -75,6 +75,10 @@ class WorkerDatabase:
         return self._run(services.worker_reap_host, hostname=hostname, current=self.worker,
                          pid_alive=pid_alive)
 
+    def call(self, fn, **kwargs):
+        """Any other service of this worker's (model residency, inference/swap.py)."""
+        return self._run(fn, **kwargs)
+
     def close(self) -> None:
         """Close the DB threads' connections (one task per thread, held at a barrier
         so each thread runs exactly one), then the threads."""

@@ -34,3 +34,39 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class Residency(models.Model):
+    """Which model a multiplexing inference worker is to hold (inference/residency.py).
+    The scheduler writes `model` (a conditional UPDATE on `epoch`, so two schedulers
+    never decide one worker twice); the worker obeys and says what it holds through
+    its heartbeat (Worker.model). A worker creates its row at start; the scheduler
+    deletes the rows of workers that are gone."""
+
+    worker = models.CharField(primary_key=True, max_length=255)  # Worker.name
+    model = models.CharField(max_length=255, blank=True, default="")  # "": none yet
+    epoch = models.IntegerField(default=0)  # grows by one at every decision
+    assigned_at = models.DateTimeField(auto_now_add=True)  # the stretch began
+    swap = models.BigIntegerField(null=True, blank=True)  # the ModelSwap of the decision
+
+    def __str__(self) -> str:
+        return f"{self.worker} -> {self.model or '(none)'}"
+
+
+class ModelSwap(models.Model):
+    """One decision to move a worker from a model to another (or to load its first:
+    from_model blank), and what it cost once the worker made it: /v1/pool/status and
+    /metrics count these."""
+
+    worker = models.CharField(max_length=255)
+    from_model = models.CharField(max_length=255, blank=True, default="")
+    to_model = models.CharField(max_length=255)
+    reason = models.CharField(max_length=32)  # inference.residency.Reason
+    decided_at = models.DateTimeField(db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)  # the old engine stopping
+    finished_at = models.DateTimeField(null=True, blank=True)  # the new engine ready
+    drain_seconds = models.FloatField(null=True, blank=True)  # chunks handed back
+    seconds = models.FloatField(null=True, blank=True)  # stop + start
+
+    def __str__(self) -> str:
+        return f"{self.worker}: {self.from_model or '(none)'} -> {self.to_model}"

@@ -27,6 +27,7 @@ itself when an append, or a probe write at a heartbeat, finds room again.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import queue
@@ -45,6 +46,7 @@ from django.conf import settings
 from batches.chunks import ChunkWork, reconcile_counts
 from batches.input_file import read_chunk
 from batches.usage import Usage
+from core.celery import inference_queue
 from core.errors import is_storage_full
 from core.outage import dependency_down, outage_began
 from core.publishing import publish
@@ -77,23 +79,24 @@ STORAGE_RETRY_MAX = 30.0
 STOP_DRAIN_SECONDS = 30.0  # at stop, the longest wait for chunks to be handed back
 # While the database is unreachable, a chunk's claim is tried again this often.
 CLAIM_RETRY_SECONDS = 1.0
+SHUTDOWN_SECONDS = 120.0  # at a swap, the longest wait for the old engine to stop
 _CANCELLED = object()
 _WAKE = object()  # put in a chunk's result queue: room was freed, it may be its turn
 
 
-def engine_config_from_settings() -> EngineConfig:
-    """The config of this worker's engine: its model (BATCHGEN_WORKER_MODEL, else
-    the default), the settings every engine reads, then those its spec names
-    (serving/engines/registry.py)."""
+def engine_config_from_settings(model_id: str | None = None) -> EngineConfig:
+    """The config of this worker's engine: its model (`model_id`, as a multiplexing
+    worker is told, else BATCHGEN_WORKER_MODEL, else the default), the settings every
+    engine reads, then those its spec names (serving/engines/registry.py)."""
     from serving.model_info import adapters_of, model_by_id, served_model
 
     model = served_model()
-    if settings.BATCHGEN_WORKER_MODEL:
-        model = model_by_id(settings.BATCHGEN_WORKER_MODEL)
+    model_id = model_id or settings.BATCHGEN_WORKER_MODEL
+    if model_id:
+        model = model_by_id(model_id)
         if model is None:
-            raise RuntimeError(f"BATCHGEN_WORKER_MODEL={settings.BATCHGEN_WORKER_MODEL!r} "
-                               "is not a served model (BATCHGEN_MODELS; a LoRA adapter "
-                               "runs on its base model's workers)")
+            raise RuntimeError(f"model {model_id!r} is not a served model (BATCHGEN_MODELS; "
+                               "a LoRA adapter runs on its base model's workers)")
     return EngineConfig(
         engine=model.engine,
         model=model.path,
@@ -125,15 +128,27 @@ class ChunkRun:
     outstanding: int = 0
     completed: int = 0
     failed: int = 0
+    interrupted: bool = False  # requests in flight cancelled for a model swap
+
+
+# What a multiplexing worker holds before the scheduler gives it a model: no engine.
+NO_MODEL = EngineConfig(engine="", model="", served_model_name="")
 
 
 class InferenceRuntime:
-    def __init__(self, *, config: EngineConfig, capacity: int, name: str | None = None) -> None:
+    def __init__(self, *, config: EngineConfig, capacity: int, name: str | None = None,
+                 multiplex: bool = False) -> None:
         self.hostname = socket.gethostname()
         self.name = name or f"{self.hostname}:{os.getpid()}:{int(time.time())}"
         self.config = config
         self.slots = SlotPool(capacity, token_budget=config.token_budget)
-        self.engine: Engine = load_engine(config)
+        # A multiplexing worker loads the model the scheduler gives it (inference/swap.py).
+        self.multiplex = multiplex
+        self.engine: Engine | None = None if multiplex else load_engine(config)
+        self.swapping = threading.Event()  # a swap began: no new request enters the engine
+        self.swap_cancel = threading.Event()  # ... and those in flight are handed back
+        self.swapper = None
+        self._asleep: dict[str, tuple[Engine, EngineConfig]] = {}  # model -> sleeping engine
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.failed: BaseException | None = None
@@ -164,6 +179,11 @@ class InferenceRuntime:
             publish("batches.recover_chunks")
         self._heartbeat_once()
         threading.Thread(target=self._flush_forever, name="flusher", daemon=True).start()
+        if self.multiplex:
+            self.ready.set()  # nothing to start: chunks come once a model is resident
+            logger.info("inference worker %s multiplexing: it holds the model the residency "
+                        "scheduler gives it, slots=%s", self.name, self.slots.capacity)
+            return
         started = asyncio.run_coroutine_threadsafe(self.engine.start(), self.loop)
         started.add_done_callback(self._engine_started)
         logger.info("inference worker %s starting engine=%s model=%s slots=%s", self.name,
@@ -179,6 +199,51 @@ class InferenceRuntime:
         else:
             self._admission()
         self.ready.set()
+
+    def start_swapper(self) -> None:
+        """A multiplexing worker obeys the residency scheduler from now on (once its
+        queue switch is in place: a swap changes the queue it consumes)."""
+        from inference.swap import ModelSwapper
+
+        if self.multiplex and self.swapper is None:
+            self.swapper = ModelSwapper(self).start()
+
+    def replace_engine(self, model_id: str) -> float:
+        """A multiplexing worker's swap, once its chunks are handed back: put the
+        engine to sleep where it can sleep and its weights fit host memory (vLLM's
+        sleep mode on a GPU), else stop it (freeing its memory: vLLM's engine core is a
+        child process that ends); then wake `model_id`'s engine if it sleeps here, else
+        start it. Returns the seconds the old engine took to sleep or stop; raises
+        what the new engine's start raised."""
+        old, self.engine = self.engine, None
+        began = time.monotonic()
+        if old is not None:
+            self._put_away(old, self.config)
+        stopped = time.monotonic() - began
+        asleep = self._asleep.pop(model_id, None)
+        engine, config = asleep or (None, dataclasses.replace(
+            engine_config_from_settings(model_id), sleep_mode=True))
+        self.config = config
+        self.slots = SlotPool(self.slots.capacity, token_budget=config.token_budget)
+        if engine is not None:
+            self._on_loop(engine.wake_up())
+        else:
+            engine = load_engine(config)
+            self._on_loop(engine.start(), timeout=None)
+        self.engine = engine
+        self._admission()
+        return stopped
+
+    def _put_away(self, engine: Engine, config: EngineConfig) -> None:
+        if engine.can_sleep and fits_host_memory(config.model):
+            self._on_loop(engine.sleep())
+            self._asleep[config.served_model_name] = (engine, config)
+            logger.info("model %s sleeps in host memory", config.served_model_name)
+        else:
+            self._on_loop(engine.shutdown())
+
+    def _on_loop(self, coroutine, *, timeout: float | None = SHUTDOWN_SECONDS):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
     def _admission(self) -> None:
         """How this worker admits requests into its engine (inference/slots.py): from
@@ -248,7 +313,10 @@ class InferenceRuntime:
         try:
             self._flush_once()  # what the last chunks said, before the worker goes
             self.database.stopped()
-            asyncio.run_coroutine_threadsafe(self.engine.shutdown(), self.loop).result(30)
+            if self.engine is not None:
+                asyncio.run_coroutine_threadsafe(self.engine.shutdown(), self.loop).result(30)
+            for engine, _ in self._asleep.values():
+                asyncio.run_coroutine_threadsafe(engine.shutdown(), self.loop).result(30)
         except Exception:
             logger.exception("error while stopping the inference runtime")
         finally:
@@ -265,7 +333,9 @@ class InferenceRuntime:
     def _heartbeat_once(self) -> None:
         self.database.heartbeat(
             hostname=self.hostname, engine=self.config.engine,
-            model=self.config.served_model_name, capacity=self.slots.capacity,
+            # A multiplexing worker holds no model while it swaps (or before its first).
+            model=("" if self.engine is None or self.swapping.is_set()
+                   else self.config.served_model_name), capacity=self.slots.capacity,
             active=self.slots.active, tokens_active=self.slots.tokens_active,
             token_budget=self.slots.token_budget,
             ready=self.ready.is_set() and self.failed is None and not self.draining.is_set(),
@@ -321,7 +391,12 @@ class InferenceRuntime:
 
     # --- running a chunk ------------------------------------------------------------------
 
-    def run_chunk(self, chunk_id: int) -> str:
+    def run_chunk(self, chunk_id: int, queue: str | None = None) -> str:
+        """`queue`: the one the message came from. A multiplexing worker hands back,
+        unclaimed, a message of a model it no longer holds (prefetched before a swap)."""
+        if self.multiplex and (self.swapping.is_set() or self.engine is None
+                               or queue != inference_queue(self.config.served_model_name)):
+            raise Reject("model not resident on this worker", requeue=True)
         self.ready.wait()
         if self.failed is not None:
             raise RuntimeError(f"the engine failed to start: {self.failed!r}")
@@ -336,17 +411,25 @@ class InferenceRuntime:
         if work is None:
             return "not claimed"
         self.ledger.hold(work.chunk_id)
+        if self.multiplex and (self.swapping.is_set() or self.engine is None or queue !=
+                               inference_queue(self.config.served_model_name)):
+            # A swap began (or ended) while this chunk was being claimed: it never
+            # reaches another model's engine; the swap waits for it to go back.
+            self.ledger.release(work.chunk_id).result()
+            return f"chunk {work.batch_id}#{work.index}: released, model swap"
         try:
             run = self._run_chunk(work)
         except BaseException:
             self.ledger.drop(work.chunk_id)
             raise
-        if self.failed is not None or self.draining.is_set() or run.pending:
-            # This worker is going away mid-chunk, or paused on a full volume with
-            # requests of the chunk not yet started: keep what was written, hand the
-            # rest back to the queue now rather than when the lease runs out.
+        if self.failed is not None or self.draining.is_set() or run.pending or run.interrupted:
+            # This worker is going away mid-chunk, or paused on a full volume or for a
+            # model swap with requests of the chunk not yet started (or cancelled):
+            # keep what was written, hand the rest back to the queue now rather than
+            # when the lease runs out.
             self.ledger.release(work.chunk_id).result()
-            why = "storage full" if run.pending else "worker stopping"
+            why = ("worker stopping" if self.failed is not None or self.draining.is_set()
+                   else "storage full" if self.storage_error else "model swap")
             return f"chunk {work.batch_id}#{work.index}: released, {why}"
         status = self.ledger.close(work.chunk_id).result()
         # Which worker and model ran it: with several models, the log shows each
@@ -418,12 +501,17 @@ class InferenceRuntime:
                     stopped = True
                     run.pending.clear()
                     self._cancel(run)
-                if run.pending and self.storage_error:
-                    # Paused: what would start now could not be written. With nothing
-                    # in flight or held, hand the rest back (run_chunk releases it).
+                if run.outstanding and not run.interrupted and self.swap_cancel.is_set():
+                    run.interrupted = True  # the swap waited long enough for them
+                    self._cancel(run)
+                if run.pending and (self.storage_error or self.swapping.is_set()):
+                    # Paused: what would start now could not be written, or a swap
+                    # waits. With nothing in flight or held, hand the rest back
+                    # (run_chunk releases it).
                     if not run.outstanding:
-                        self._tell_storage(self.database.storage_full, work.batch_id,
-                                           heartbeat=False)
+                        if self.storage_error:
+                            self._tell_storage(self.database.storage_full, work.batch_id,
+                                               heartbeat=False)
                         break
                 elif run.pending:
                     count = self.slots.admit(run, (cost for _, cost in run.pending))
@@ -622,6 +710,22 @@ class InferenceRuntime:
         results.put((request.custom_id, result))
 
 
+# A sleeping model's weights may take this share of the host's available memory at
+# most: the rest is for the processes and the page cache the next load reads through.
+HOST_MEMORY_SHARE = 0.7
+
+
+def fits_host_memory(model_path: str) -> bool:
+    """Whether the model folder's weights fit the host's available memory (vLLM's
+    sleep level 1 copies them there), with room to spare."""
+    folder = Path(model_path)
+    if not folder.is_dir():
+        return True  # nothing on disk to measure (a simulated or remote model)
+    weights = sum(path.stat().st_size for pattern in ("*.safetensors", "*.bin", "*.pt")
+                  for path in folder.glob(pattern))
+    return weights <= HOST_MEMORY_SHARE * psutil.virtual_memory().available
+
+
 def _outage(error: BaseException) -> bool:
     """Whether `error` is a dependency's outage (said once by core.outage),
     not a failure to log on its own."""
@@ -648,8 +752,10 @@ def get_runtime() -> InferenceRuntime | None:
     if _runtime is None and _runtime_wanted:
         with _runtime_lock:
             if _runtime is None:
-                runtime = InferenceRuntime(config=engine_config_from_settings(),
-                                           capacity=settings.BATCHGEN_MAX_POOL_SIZE)
+                multiplex = settings.BATCHGEN_MULTIPLEX
+                runtime = InferenceRuntime(
+                    config=NO_MODEL if multiplex else engine_config_from_settings(),
+                    capacity=settings.BATCHGEN_MAX_POOL_SIZE, multiplex=multiplex)
                 runtime.start()
                 _runtime = runtime
     return _runtime

@@ -5,12 +5,12 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.core.cache import caches
-from django.db.models import Count, Max, QuerySet, Sum
+from django.db.models import Count, Max, Q, QuerySet, Sum
 from django.utils import timezone
 
 from batches.intake import intake_reserved
 from batches.models import ACTIVE_STATUSES, Batch, Chunk, ChunkStatus
-from inference.models import Worker
+from inference.models import ModelSwap, Residency, Worker
 from serving.model_info import served_models
 
 
@@ -45,7 +45,36 @@ def models_without_ready_worker() -> list[str]:
     nothing runs their requests now (/health; batches waiting for them,
     batches/availability.py)."""
     ready = set(live_workers().filter(ready=True).values_list("model", flat=True))
+    if multiplexing_workers().filter(ready=True).exists():
+        return []  # they hold each model in turn (inference/residency.py)
     return [model.id for model in served_models() if model.id not in ready]
+
+
+def models_not_resident() -> list[str]:
+    """Where workers multiplex: the served models none of them holds now (loaded or
+    loading). Empty where none multiplexes."""
+    held = set(Residency.objects.filter(worker__in=live_workers().values("name"))
+               .values_list("model", flat=True))
+    if not held:
+        return []
+    return [model.id for model in served_models() if model.id not in held]
+
+
+def multiplexing_workers() -> QuerySet[Worker]:
+    """The live workers that hold whichever model the residency scheduler gives them."""
+    return live_workers().filter(name__in=Residency.objects.values("worker"))
+
+
+def resident_on() -> dict[str, list[str]]:
+    """Each model's live workers: those holding it and, where workers multiplex, those
+    the residency scheduler gave it (loaded or loading)."""
+    held: dict[str, set[str]] = {}
+    for name, model in live_workers().exclude(model="").values_list("name", "model"):
+        held.setdefault(model, set()).add(name)
+    for name, model in (Residency.objects.filter(worker__in=live_workers().values("name"))
+                        .exclude(model="").values_list("worker", "model")):
+        held.setdefault(model, set()).add(name)
+    return {model: sorted(names) for model, names in held.items()}
 
 
 def live_workers_by_model() -> dict[str, int]:
@@ -75,8 +104,10 @@ def pool_status() -> dict:
                                      storage_error=Max("storage_error"))
     active = slots["active"] or 0
     capacity = slots["capacity"] or 0
+    multiplexing = _multiplexing()
     return {
-        **_model_figures(),
+        **_model_figures(multiplexing),
+        "multiplexing": multiplexing,
         "intake_pool_size": max(intake_reserved() - active, 0),
         "intake_pool_capacity": settings.BATCHGEN_MAX_INTAKE_CAPACITY,
         "scheduling_pool_active": active,
@@ -92,9 +123,53 @@ def pool_status() -> dict:
     }
 
 
-def _model_figures() -> dict:
+def residency_figures() -> dict:
+    """Model multiplexing's figures (inference/residency.py): the workers that
+    multiplex, the swaps they made and what those cost, and for each model the workers
+    it is resident on, its open requests and, while it is resident nowhere, how long
+    it has waited."""
+    from inference.residency import model_demand
+
+    now = timezone.now()
+    rows = list(Residency.objects.filter(worker__in=live_workers().values("name"))
+                .values_list("worker", "model"))
+    resident: dict[str, list[str]] = {}
+    for worker, model in rows:
+        if model:
+            resident.setdefault(model, []).append(worker)
+    swaps = ModelSwap.objects.aggregate(
+        decided=Count("id", filter=Q(from_model__gt="")),
+        loads=Count("id", filter=Q(from_model="")),
+        done=Count("id", filter=Q(from_model__gt="", seconds__isnull=False)),
+        seconds=Sum("seconds"), drain=Sum("drain_seconds"))
+    demand = {d.model: d for d in model_demand(now)}
+    models = {}
+    for model in served_models():
+        wanted = demand.get(model.id)
+        waiting = (round(now.timestamp() - wanted.waiting_since, 1)
+                   if wanted and wanted.requests and model.id not in resident else None)
+        models[model.id] = {"resident_on": sorted(resident.get(model.id, [])),
+                            "requests_open": wanted.requests if wanted else 0,
+                            "waiting_seconds": waiting}
+    return {"workers": len(rows), "swaps": swaps["decided"], "swaps_done": swaps["done"],
+            "loads": swaps["loads"], "swap_seconds": round(swaps["seconds"] or 0.0, 1),
+            "swap_hand_back_seconds": round(swaps["drain"] or 0.0, 1), "models": models}
+
+
+def _multiplexing() -> dict | None:
+    """residency_figures(), or None while no worker multiplexes and none ever swapped."""
+    if not Residency.objects.exists() and not ModelSwap.objects.exists():
+        return None
+    return residency_figures()
+
+
+def _model_figures(multiplexing: dict | None = None) -> dict:
     """Each served model's part of the figures (the top-level ones are the totals):
-    its live workers, its SchedulingPool and its chunks waiting to run."""
+    its live workers, its SchedulingPool and its chunks waiting to run, and where
+    workers multiplex, where it is resident and how long it has waited for a worker
+    (`multiplexing`: residency_figures(), whose per-model part moves here)."""
+    residency = multiplexing.pop("models") if multiplexing else {}
+    holders = resident_on()
     by_model = {row["model"]: row for row in live_workers().values("model").annotate(
         workers=Count("name"), active=Sum("slots_active"), capacity=Sum("slots_capacity"),
         tokens=Sum("tokens_active"), budget=Sum("token_budget"))}
@@ -116,5 +191,7 @@ def _model_figures() -> dict:
             "scheduling_pool_capacity": capacity,
             "scheduling_pool_tokens_active": row.get("tokens") or 0,
             "scheduling_pool_token_budget": row.get("budget"),
+            "resident_on": holders.get(model.id, []),
+            "waiting_seconds": residency.get(model.id, {}).get("waiting_seconds"),
         })
     return {"models": figures}

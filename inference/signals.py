@@ -49,8 +49,8 @@ def _consume_own_model_queue(app) -> None:
     queue of the model this worker holds: chunks are published per model
     (batches/dispatch.py), so the bare queue would never get any."""
     queues = app.amqp.queues
-    if QueueName.INFERENCE.value not in queues.consume_from:
-        return
+    if QueueName.INFERENCE.value not in queues.consume_from or settings.BATCHGEN_MULTIPLEX:
+        return  # a multiplexing worker consumes its model's queue once it holds one
     from serving.model_info import served_model
 
     model = settings.BATCHGEN_WORKER_MODEL or served_model().id
@@ -64,6 +64,8 @@ class QueueSwitch:
     """Stops this worker consuming its inference queue while its runtime cannot write
     results (storage full), and consumes it again after: what it has not started goes
     to a worker with room, or waits in the broker, instead of being run into memory.
+    A multiplexing worker's queue also changes with the model it holds: none while it
+    swaps, then the new model's (inference/swap.py).
 
     Celery's own cancel_consumer/add_consumer remote-control commands do this through a
     broadcast; here the runtime's thread asks the worker's consumer directly, with
@@ -74,24 +76,37 @@ class QueueSwitch:
     def __init__(self, consumer, runtime) -> None:
         self.consumer = consumer
         self.runtime = runtime
-        self.queues = [name for name in consumer.app.amqp.queues.consume_from
-                       if is_inference_queue(name)]
+        self.own = [name for name in consumer.app.amqp.queues.consume_from
+                    if is_inference_queue(name)]
+        self.queues = list(self.own)  # every inference queue it consumed at some time
 
     def changed(self) -> None:
         self.consumer.call_soon(self._apply)
+
+    def wanted(self) -> list[str]:
+        runtime = self.runtime
+        if runtime.storage_error:
+            return []
+        if not runtime.multiplex:
+            return self.own
+        model = runtime.config.served_model_name
+        if runtime.swapping.is_set() or runtime.engine is None or not model:
+            return self.own
+        return [*self.own, inference_queue(model)]
 
     def _apply(self) -> None:
         # Between broker connections there is no task consumer: the next one consumes
         # what the app's queues select, so that is what changes then.
         queues, tasks = self.consumer.app.amqp.queues, self.consumer.task_consumer
-        paused = bool(self.runtime.storage_error)
+        wanted = self.wanted()
+        self.queues += [name for name in wanted if name not in self.queues]
         for name in self.queues:
             consuming = tasks is not None and tasks.consuming_from(name)
-            if paused and consuming:
+            if name not in wanted and consuming:
                 self.consumer.cancel_task_queue(name)
-            elif not paused and tasks is not None and not consuming:
+            elif name in wanted and tasks is not None and not consuming:
                 self.consumer.add_task_queue(name)
-            elif paused:
+            elif name not in wanted:
                 queues.deselect(name)
             else:
                 queues.select_add(queues[name])
@@ -104,6 +119,7 @@ def on_worker_ready(sender, **kwargs):
 
         runtime = get_runtime()  # start loading the engine now, not on the first chunk
         runtime.queue_switch = QueueSwitch(sender, runtime)
+        runtime.start_swapper()
 
 
 @signals.worker_shutting_down.connect

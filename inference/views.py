@@ -22,6 +22,23 @@ class ModelPoolStatusSerializer(serializers.Serializer):
     scheduling_pool_capacity = serializers.IntegerField()
     scheduling_pool_tokens_active = serializers.IntegerField()
     scheduling_pool_token_budget = serializers.IntegerField(allow_null=True)
+    resident_on = serializers.ListField(
+        child=serializers.CharField(), help_text="the live workers it is resident on (with "
+        "multiplexing, those the residency scheduler gave it, loaded or loading)")
+    waiting_seconds = serializers.FloatField(
+        allow_null=True, help_text="multiplexing: how long its open requests have waited "
+        "for a worker while it is resident nowhere; null while resident or without work")
+
+
+class MultiplexingSerializer(serializers.Serializer):
+    workers = serializers.IntegerField(help_text="live workers that multiplex")
+    swaps = serializers.IntegerField(help_text="swaps decided from one model to another")
+    swaps_done = serializers.IntegerField(help_text="of them, those the worker finished")
+    loads = serializers.IntegerField(help_text="first models loaded by a worker")
+    swap_seconds = serializers.FloatField(help_text="seconds spent stopping and starting "
+                                          "engines, over every swap and load")
+    swap_hand_back_seconds = serializers.FloatField(
+        help_text="seconds spent handing chunks back before the engines stopped")
 
 
 class PoolStatusSerializer(serializers.Serializer):
@@ -40,6 +57,9 @@ class PoolStatusSerializer(serializers.Serializer):
         allow_null=True, help_text="Why workers cannot write results now (the storage "
         "volume full), or null. Their batches wait and resume once there is room.")
     models = ModelPoolStatusSerializer(many=True)
+    multiplexing = MultiplexingSerializer(
+        allow_null=True, help_text="model multiplexing's figures; null while no worker "
+        "multiplexes")
 
 
 class ModelSerializer(serializers.Serializer):
@@ -51,8 +71,13 @@ class ModelSerializer(serializers.Serializer):
     engine = serializers.CharField()
     endpoints = serializers.ListField(child=serializers.CharField(),
                                       help_text="the batch endpoints it serves")
-    live = serializers.BooleanField(help_text="whether a live inference worker holds it")
+    live = serializers.BooleanField(help_text="whether a live inference worker holds it, "
+                                    "or multiplexing workers can load it")
     workers = serializers.IntegerField(help_text="live inference workers holding it")
+    resident = serializers.BooleanField(help_text="whether it is loaded (or loading) on a "
+                                        "live worker now")
+    resident_on = serializers.ListField(child=serializers.CharField(),
+                                        help_text="the live workers it is resident on")
     # As vLLM's /v1/models shows its LoRA adapters (OpenAI's old model objects too).
     root = serializers.CharField(help_text="the model it descends from: itself, or for a "
                                            "LoRA adapter its base model")
@@ -67,13 +92,18 @@ def _models() -> list[dict]:
     """The served models, then the LoRA adapters: an adapter generates text where its
     base does, on its base's workers."""
     workers = selectors.live_workers_by_model()
+    resident = selectors.resident_on()
+    multiplexing = selectors.multiplexing_workers().exists()
 
     def card(name: str, model: ModelInfo, endpoints: tuple[str, ...],
              parent: str | None) -> dict:
         return {"id": name, "object": "model", "created": SERVER_STARTED,
                 "owned_by": "batchgen", "max_context_length": model.max_context_length,
                 "engine": model.engine, "endpoints": list(endpoints),
-                "live": workers.get(model.id, 0) > 0, "workers": workers.get(model.id, 0),
+                "live": workers.get(model.id, 0) > 0 or multiplexing,
+                "workers": workers.get(model.id, 0),
+                "resident": bool(resident.get(model.id)),
+                "resident_on": resident.get(model.id, []),
                 "root": model.id, "parent": parent}
 
     return [*(card(model.id, model, model.endpoints, None) for model in served_models()),

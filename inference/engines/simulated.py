@@ -30,6 +30,24 @@ class SimulatedEngine(Engine):
                                     setting="BATCHGEN_ENGINE_ARGS (fail_start)")
         if failure == "transient":
             raise RuntimeError("the simulated engine was told to fail its start")
+        # A model load's cost, for the multiplexing tests and benchmark
+        # (BATCHGEN_ENGINE_ARGS '{"start_seconds": 3}'): a swap waits for it.
+        await asyncio.sleep(float(self.config.engine_args.get("start_seconds", 0)))
+
+    async def shutdown(self) -> None:
+        await asyncio.sleep(float(self.config.engine_args.get("stop_seconds", 0)))
+
+    # As vLLM's sleep mode on a GPU, for the tests ('{"wake_seconds": 0.5}').
+    @property
+    def can_sleep(self) -> bool:
+        return self.config.sleep_mode and "wake_seconds" in self.config.engine_args
+
+    async def sleep(self) -> None:
+        self.asleep = True
+
+    async def wake_up(self) -> None:
+        await asyncio.sleep(float(self.config.engine_args["wake_seconds"]))
+        self.asleep = False
 
     async def generate(self, request: EngineRequest) -> EngineResult:
         if self.config.sim_latency_ms:

@@ -282,6 +282,10 @@ class VllmEngine(Engine):
             # node's RAM for the KV cache and refuses to start when other processes
             # hold any of it. The CPU, not memory, bounds concurrency here.
             kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        if config.sleep_mode and _sleep_mode_available():
+            # Multiplexing on CUDA, ROCm or XPU: a swap puts this engine to sleep at
+            # level 1 (weights to host memory, KV cache dropped) and wakes it later.
+            kwargs["enable_sleep_mode"] = True
         if config.adapters:
             kwargs.update(
                 enable_lora=True, max_loras=config.max_loras, max_lora_rank=config.max_lora_rank,
@@ -519,6 +523,17 @@ class VllmEngine(Engine):
             await asyncio.sleep(envs.VLLM_LOG_STATS_INTERVAL)
             await llm.do_log_stats()
 
+    @property
+    def can_sleep(self) -> bool:
+        return (self._llm is not None
+                and bool(self._llm.vllm_config.model_config.enable_sleep_mode))
+
+    async def sleep(self) -> None:
+        await self._llm.sleep(level=1)
+
+    async def wake_up(self) -> None:
+        await self._llm.wake_up()
+
     async def shutdown(self) -> None:
         if self._stats_task is not None:
             self._stats_task.cancel()
@@ -540,6 +555,13 @@ _MEMORY_WORDS = ("KV cache", "max seq len", "max_model_len", "gpu_memory_utiliza
 _ESTIMATED_LENGTH = re.compile(r"estimated maximum model length is (\d+)")
 # The last line of a Python traceback: "ValueError: To serve at least one request ...".
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
+
+
+def _sleep_mode_available() -> bool:
+    """vLLM offers sleep mode on CUDA, ROCm and XPU only: not on the CPU build."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_sleep_mode_available()
 
 
 def _start_failure(kind: str, message: str) -> EngineConfigError | None:

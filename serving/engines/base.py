@@ -47,6 +47,9 @@ class EngineConfig:
     engine_retry_seconds: float = 600.0
     engine_start_timeout: float = 900.0
     engine_priority: int | None = None
+    # A multiplexing worker may put this engine to sleep for another model and wake
+    # it again (vLLM's sleep mode, where the platform offers it: inference/swap.py).
+    sleep_mode: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,3 +154,15 @@ class Engine(abc.ABC):
 
     async def shutdown(self) -> None:  # noqa: B027 - optional hook
         """Release the engine's resources."""
+
+    @property
+    def can_sleep(self) -> bool:
+        """Whether `sleep()` frees the device while keeping the weights in host memory,
+        so that `wake_up()` (a copy back) replaces a stop and a start at a swap."""
+        return False
+
+    async def sleep(self) -> None:
+        raise NotImplementedError
+
+    async def wake_up(self) -> None:
+        raise NotImplementedError

@@ -468,7 +468,9 @@ def test_pool_status_has_every_field_and_counts_what_is_queued(api, running_batc
             "model": "m", "workers": 1, "requests_waiting": 5, "scheduling_pool_active": 3,
             "scheduling_pool_free": 13, "scheduling_pool_capacity": 16,
             "scheduling_pool_tokens_active": 700, "scheduling_pool_token_budget": 4096,
+            "resident_on": ["w1"], "waiting_seconds": None,
         }],
+        "multiplexing": None,  # no worker multiplexes (inference/residency.py)
     }
 
 
@@ -503,7 +505,9 @@ def test_pool_status_of_an_idle_server(api, settings):
             "model": "m", "workers": 0, "requests_waiting": 0, "scheduling_pool_active": 0,
             "scheduling_pool_free": 0, "scheduling_pool_capacity": 0,
             "scheduling_pool_tokens_active": 0, "scheduling_pool_token_budget": None,
+            "resident_on": [], "waiting_seconds": None,
         }],
+        "multiplexing": None,
     }
 
 

@@ -319,3 +319,17 @@ def test_cancelling_generate_aborts_the_request_in_the_engine(vllm: EngineHarnes
 
     after = vllm.generate(chat_request("Say hi.", max_tokens=3))
     assert after.error is None
+
+
+def test_sleep_mode_is_asked_of_vllm_only_where_the_platform_offers_it():
+    """Multiplexing asks for sleep mode (EngineConfig.sleep_mode); the CPU build has
+    none (vLLM's is_sleep_mode_available), so its swaps stop and start the engine."""
+    from vllm.platforms import current_platform
+
+    from inference.engines.vllm_engine import VllmEngine
+
+    config = EngineConfig(engine="vllm", model="/models/m", served_model_name="m",
+                          sleep_mode=True)
+    args = VllmEngine(config).engine_args()
+    assert args.enable_sleep_mode is current_platform.is_sleep_mode_available()
+    assert not VllmEngine(config).can_sleep  # nothing started

@@ -103,6 +103,38 @@ def test_each_served_model_gets_its_own_workers_on_its_own_queue(settings):
     assert len({node_name(p) for p in found}) == 4
 
 
+def test_multiplexing_starts_n_workers_in_all_none_pinned_to_a_model(settings):
+    from serving.model_info import served_models
+
+    settings.BATCHGEN_MODELS = "a=/models/a,b=/models/b,c=/models/c"
+    settings.BATCHGEN_INFERENCE_WORKERS = 2
+    settings.BATCHGEN_MULTIPLEX = True
+    served_models.cache_clear()
+    try:
+        found = inference_programs()
+    finally:
+        served_models.cache_clear()
+    # Two in all (not two per model), each on the bare queue: the residency scheduler
+    # gives each its model, and it consumes that model's queue then
+    assert [node_name(p) for p in found] == ["inference1@%h", "inference2@%h"]
+    assert [p.argv[p.argv.index("-Q") + 1] for p in found] == ["inference", "inference"]
+    assert all("BATCHGEN_WORKER_MODEL" not in (p.env or {}) for p in found)
+
+
+def test_pingworkers_asks_the_multiplexing_workers_once_each(two_models_two_workers, pings,
+                                                              settings):
+    from celery.utils.nodenames import host_format
+    from django.core.management import call_command
+
+    settings.BATCHGEN_MULTIPLEX = True
+    asked, answering = pings
+    started = [host_format(node_name(p)) for p in inference_programs()]
+    answering.update(started)
+    call_command("pingworkers")
+
+    assert len(started) == 2 and asked == started
+
+
 def test_n_workers_each_with_its_own_node_name(settings):
     settings.BATCHGEN_INFERENCE_WORKERS = 4
     found = inference_programs()

@@ -25,7 +25,8 @@ class Command(BaseCommand):
         # %h as the worker expanded it in its own -n (the host's name).
         names = [host_format(name) for name in inference_node_names(
             workers=settings.BATCHGEN_INFERENCE_WORKERS,
-            models=[model.id for model in served_models()])]
+            # Multiplexing: that many workers in all, not per model.
+            models=None if settings.BATCHGEN_MULTIPLEX else [m.id for m in served_models()])]
         if not names:
             raise CommandError("no inference worker is started here (BATCHGEN_INFERENCE_WORKERS=0)")
         replies = app.control.ping(destination=names, timeout=options["timeout"]) or []

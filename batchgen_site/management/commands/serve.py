@@ -138,7 +138,8 @@ class Command(BaseCommand):
             gpus_per_worker=settings.BATCHGEN_GPUS_PER_WORKER,
             models=[model.id for model in served],
             cpu_engines={model.id for model in served
-                         if engine_spec(model.engine).computes_on_host_cpu})
+                         if engine_spec(model.engine).computes_on_host_cpu},
+            multiplex=settings.BATCHGEN_MULTIPLEX)
         if options["inference_only"]:
             if not inference:
                 raise CommandError("--inference-only with no inference worker to start")
@@ -195,17 +196,23 @@ def inference_node_names(*, workers: int, models: list[str] | None = None) -> li
 
 
 def inference_workers(celery: list[str], *, workers: int, gpus_per_worker: int,
-                      models: list[str] | None = None,
-                      cpu_engines: set[str] = frozenset()) -> list[Program]:
+                      models: list[str] | None = None, cpu_engines: set[str] = frozenset(),
+                      multiplex: bool = False) -> list[Program]:
     """`workers` inference worker programs per served model, each with a Celery node
     name of its own (inference1@HOST, inference2@HOST, ...), holding one model and
     consuming that model's queue (inference.<model id>), and, when `gpus_per_worker`
     is set, its own slice of the host's GPUs. Stopped together: N warm shutdowns take
     as long as one. `cpu_engines`: the models whose engine computes on the host's
-    CPUs where it sees no GPU (its spec's computes_on_host_cpu), binding CPUs there."""
+    CPUs where it sees no GPU (its spec's computes_on_host_cpu), binding CPUs there.
+    `multiplex`: `workers` in all, none pinned: each holds whichever model the
+    residency scheduler gives it (inference/residency.py)."""
     if workers < 0 or gpus_per_worker < 0:
         raise CommandError("--inference-workers and --gpus-per-worker must be 0 or more")
     models = models or [""]
+    if multiplex:
+        logger.info("%s multiplexing inference worker(s) for %s model(s)", workers,
+                    len(models))
+        models, cpu_engines = [""], {""} if cpu_engines else set()
     names = inference_node_names(workers=workers, models=models)
     holds = [model for model in models for _ in range(workers)]  # each worker's model
     workers = len(holds)

@@ -1,0 +1,432 @@
+"""Model multiplexing's scheduler (inference/residency.py): the policy as a pure
+function, and the decider on the database (one decision per worker per epoch)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from batches.models import Chunk
+from inference.models import ModelSwap, Residency, Worker
+from inference.residency import (
+    ModelDemand,
+    Reason,
+    WorkerState,
+    plan,
+    residency_decide,
+    residency_join,
+)
+
+POLICY = {"stretch": 300.0, "max_wait": 900.0, "swap_seconds": 40.0}
+
+
+def worker(name: str, model: str = "", since: float = 0.0, settled: bool = True) -> WorkerState:
+    return WorkerState(name, model, since, settled)
+
+
+def demand(model: str, requests: int, waiting_since: float = 0.0) -> ModelDemand:
+    return ModelDemand(model, requests, waiting_since)
+
+
+def test_an_idle_worker_takes_the_model_that_has_waited_longest():
+    decisions = plan([worker("w1")], [demand("b", 10, 50.0), demand("a", 10, 20.0)],
+                     now=100.0, **POLICY)
+    assert [(d.worker, d.model, d.reason) for d in decisions] == [("w1", "a", Reason.IDLE)]
+
+
+def test_a_resident_model_keeps_its_worker_within_its_stretch():
+    decisions = plan([worker("w1", "a", since=0.0)], [demand("a", 10), demand("b", 10, 10.0)],
+                     now=200.0, **POLICY)
+    assert decisions == []
+
+
+def test_a_waiting_model_takes_the_worker_once_the_stretch_ends():
+    workers, work = [worker("w1", "a", since=0.0)], [demand("a", 10), demand("b", 10, 10.0)]
+    decisions = plan(workers, work, now=301.0, **{**POLICY, "swap_seconds": 5.0})
+    assert [(d.model, d.reason) for d in decisions] == [("b", Reason.STRETCH)]
+    # a stretch lasts at least ten swaps' time: with 40 s swaps, 400 s
+    assert plan(workers, work, now=399.0, **POLICY) == []
+    assert plan(workers, work, now=400.0, **POLICY)[0].reason == Reason.STRETCH
+
+
+def test_the_wait_bound_preempts_within_the_stretch_allowing_for_the_swap():
+    # b has waited max_wait - swap_seconds: a swap now makes it resident within the bound
+    policy = {**POLICY, "stretch": 10_000.0}
+    workers = [worker("w1", "a", since=0.0)]
+    assert plan(workers, [demand("a", 10), demand("b", 5, 0.0)], now=859.0, **policy) == []
+    decisions = plan(workers, [demand("a", 10), demand("b", 5, 0.0)], now=860.0, **policy)
+    assert [(d.model, d.reason) for d in decisions] == [("b", Reason.DEADLINE)]
+
+
+def test_a_worker_that_is_still_swapping_is_not_taken():
+    decisions = plan([worker("w1", "a", since=0.0, settled=False)],
+                     [demand("a", 10), demand("b", 5, 0.0)], now=5000.0, **POLICY)
+    assert decisions == []
+
+
+def test_preemption_takes_a_worker_whose_model_another_worker_also_holds():
+    workers = [worker("w1", "a", since=0.0), worker("w2", "b", since=10.0),
+               worker("w3", "b", since=20.0)]
+    decisions = plan(workers, [demand("a", 10), demand("b", 10), demand("c", 5, 0.0)],
+                     now=1000.0, **POLICY)
+    assert [(d.worker, d.model) for d in decisions] == [("w2", "c")]
+
+
+def test_a_dry_model_stays_loaded_while_nothing_waits():
+    assert plan([worker("w1", "a")], [demand("a", 0)], now=1000.0, **POLICY) == []
+
+
+def test_an_idle_worker_joins_a_large_queue_but_not_a_small_one():
+    workers = [worker("w1", "a"), worker("w2", "b")]
+    assert plan(workers, [demand("a", 10_000)], now=1.0, **POLICY)[0].model == "a"
+    assert plan(workers, [demand("a", 100)], now=1.0, **POLICY) == []
+
+
+def test_joining_a_queue_must_save_more_time_than_the_swap_costs():
+    # 10 requests/s a worker: 1,000 requests on one worker take 100 s, on two 50 s,
+    # which saves 50 s: worth a 40 s swap, not a 60 s one
+    workers = [worker("w1", "a"), worker("w2", "b")]
+    joins = plan(workers, [demand("a", 1_000)], now=1.0, **{**POLICY, "swap_seconds": 40.0},
+                 rate=10.0)
+    assert [(d.worker, d.model, d.reason) for d in joins] == [("w2", "a", Reason.SPREAD)]
+    assert plan(workers, [demand("a", 1_000)], now=1.0, **{**POLICY, "swap_seconds": 60.0},
+                rate=10.0) == []
+
+
+def simulate_one_worker(work: dict[str, int], *, rate: float, swap: float) -> list[str]:
+    """Run the policy against one worker until every model's work is done; the models
+    it loaded, in order."""
+    now, held, since, loads = 0.0, "", 0.0, []
+    left = dict(work)
+    while any(left.values()):
+        decisions = plan([worker("w1", held, since)],
+                         [demand(m, n, 0.0) for m, n in left.items()], now=now, **POLICY)
+        if decisions:
+            held, since = decisions[0].model, now + swap
+            loads.append(held)
+            now += swap
+        step = min(left[held], rate)
+        left[held] -= step
+        now += 1.0
+    return loads
+
+
+def test_one_worker_loads_each_model_once_when_all_work_is_submitted_together():
+    loads = simulate_one_worker({"chat": 300, "embed": 200, "other": 50}, rate=10, swap=40)
+    assert sorted(loads) == ["chat", "embed", "other"]
+
+
+pytestmark_db = pytest.mark.django_db(transaction=True)
+
+
+def live_worker(name: str, model: str = "") -> None:
+    Worker.objects.create(name=name, hostname="h", pid=1, engine="simulated", model=model,
+                          slots_capacity=8, ready=True, heartbeat_at=timezone.now())
+
+
+@pytestmark_db
+def test_the_decider_assigns_once_and_a_second_turn_changes_nothing(
+        batch_in_progress, settings):
+    settings.BATCHGEN_MULTIPLEX = True
+    batch = batch_in_progress(6, chunk_size=3)
+    live_worker("w1")
+    residency_join(worker="w1")
+
+    first = residency_decide()
+    second = residency_decide()
+
+    assert [(d.worker, d.model) for d in first] == [("w1", "m")]
+    assert second == []
+    row = Residency.objects.get(worker="w1")
+    assert (row.model, row.epoch) == ("m", 1)
+    swap = ModelSwap.objects.get(id=row.swap)
+    assert (swap.from_model, swap.to_model, swap.reason) == ("", "m", "idle")
+    assert Chunk.objects.filter(batch=batch).count() == 2
+
+
+@pytestmark_db
+def test_a_decision_on_a_stale_epoch_is_not_written(batch_in_progress):
+    """Two deciders that both read epoch 0: the second one's UPDATE finds epoch 1 and
+    writes nothing (and leaves no swap behind)."""
+    from inference.residency import Decision, _write
+
+    live_worker("w1")
+    residency_join(worker="w1")
+    now = timezone.now()
+    assert _write(Decision("w1", "m", Reason.IDLE), "", now)
+    assert not _write(Decision("w1", "x", Reason.IDLE), "", now)
+    assert Residency.objects.get(worker="w1").model == "m"
+    assert ModelSwap.objects.count() == 1
+
+
+@pytestmark_db
+def test_a_gone_worker_is_forgotten_and_its_model_waits_again(batch_in_progress):
+    batch_in_progress(3, chunk_size=3)
+    live_worker("dead", model="m")
+    Residency.objects.create(worker="dead", model="m")
+    Worker.objects.filter(name="dead").update(
+        heartbeat_at=timezone.now() - timedelta(hours=1))
+    live_worker("w2")
+    residency_join(worker="w2")
+
+    decisions = residency_decide()
+
+    assert not Residency.objects.filter(worker="dead").exists()
+    assert [(d.worker, d.model) for d in decisions] == [("w2", "m")]
+
+
+# --- the worker's swap (inference/swap.py), in process ----------------------------------------
+
+
+@pytest.fixture
+def two_models(settings):
+    from serving.model_info import served_models
+
+    settings.BATCHGEN_MODELS = "m=/models/m,e=/models/e"
+    served_models.cache_clear()
+    yield
+    served_models.cache_clear()
+
+
+@pytest.fixture
+def multiplexing_runtime(two_models, published):
+    from inference.runtime import NO_MODEL, InferenceRuntime
+
+    runtime = InferenceRuntime(config=NO_MODEL, capacity=2, name="mux-worker", multiplex=True)
+    runtime.start()
+    yield runtime
+    runtime.stop()
+
+
+@pytestmark_db
+def test_a_swap_hands_the_running_chunk_back_and_loads_the_new_model(
+        multiplexing_runtime, batch_in_progress, settings):
+    import threading
+
+    from celery.exceptions import Reject
+
+    from batches.models import ChunkStatus
+    from files import storage
+    from inference.swap import ModelSwapper
+
+    runtime = multiplexing_runtime
+    settings.BATCHGEN_SIM_LATENCY_MS = 150  # 2 slots: a chunk of 12 takes about 1 s
+    swapper = ModelSwapper(runtime)
+    swapper.swap("m", None)
+    assert runtime.engine is not None and runtime.config.served_model_name == "m"
+    batch = batch_in_progress(12, chunk_size=12)
+    chunk = Chunk.objects.get(batch=batch)
+    thread = threading.Thread(target=runtime.run_chunk, args=(chunk.id, "inference.m"))
+    thread.start()
+    path = storage.absolute(storage.incremental_name(batch.id))
+    wait_for(lambda: path.exists() and len(path.read_bytes().splitlines()) >= 2)
+
+    # When: the scheduler moves the worker to "e" mid-chunk
+    swapper.swap("e", None)
+    thread.join(timeout=60)
+
+    # Then: what finished is written once and accounted, the rest is queued again
+    chunk.refresh_from_db()
+    written = path.read_bytes().splitlines()
+    assert chunk.status == ChunkStatus.QUEUED and 2 <= chunk.completed == len(written) < 12
+    assert runtime.config.served_model_name == "e" and not runtime.swapping.is_set()
+    # and a message of the old model's queue is handed back unclaimed
+    with pytest.raises(Reject):
+        runtime.run_chunk(chunk.id, "inference.m")
+    chunk.refresh_from_db()
+    assert chunk.status == ChunkStatus.QUEUED and chunk.attempts == 1
+
+
+def wait_for(predicate, timeout: float = 30.0) -> None:
+    from tests.e2e.harness import wait_until
+
+    wait_until(predicate, timeout=timeout, interval=0.02)
+
+
+# --- what it shows ----------------------------------------------------------------------------
+
+
+@pytestmark_db
+def test_models_and_pool_status_show_residency_swaps_and_the_wait(
+        api, two_models, batch_in_progress):
+    from inference.selectors import pool_status
+
+    # Given: "m" resident on w1 after a swap from "e" that took 5 s, and a batch of "e"
+    # whose model is now resident nowhere
+    live_worker("w1", model="m")
+    Residency.objects.create(worker="w1", model="m")
+    ModelSwap.objects.create(worker="w1", from_model="e", to_model="m", reason="stretch",
+                             decided_at=timezone.now(), seconds=5.0, drain_seconds=1.0)
+    batch = batch_in_progress(3, chunk_size=3)
+    Chunk.objects.filter(batch=batch).update(model="e")
+
+    models = {m["id"]: m for m in api.get("/v1/models").json()["data"]}
+    pool = pool_status()
+
+    assert (models["m"]["resident"], models["m"]["resident_on"]) == (True, ["w1"])
+    assert (models["e"]["resident"], models["e"]["live"]) == (False, True)
+    assert pool["multiplexing"] == {"workers": 1, "swaps": 1, "swaps_done": 1, "loads": 0,
+                                    "swap_seconds": 5.0, "swap_hand_back_seconds": 1.0}
+    by_model = {row["model"]: row for row in pool["models"]}
+    assert by_model["m"]["resident_on"] == ["w1"] and by_model["m"]["waiting_seconds"] is None
+    assert by_model["e"]["resident_on"] == [] and by_model["e"]["waiting_seconds"] >= 0
+    metrics = api.get("/metrics").content.decode()
+    assert "batchgen_model_swaps_total 1.0" in metrics
+    assert 'batchgen_model_requests_open{model="e"} 3.0' in metrics
+
+
+@pytestmark_db
+def test_an_engine_that_can_sleep_is_woken_at_the_swap_back_not_started_again(
+        multiplexing_runtime, settings):
+    """As vLLM's sleep mode on a GPU: the simulated engine told it can sleep."""
+    from inference.swap import ModelSwapper
+
+    settings.BATCHGEN_ENGINE_ARGS = {"wake_seconds": 0.01}
+    runtime = multiplexing_runtime
+    swapper = ModelSwapper(runtime)
+    swapper.swap("m", None)
+    first = runtime.engine
+
+    swapper.swap("e", None)
+    assert runtime.engine is not first and first.asleep
+    swapper.swap("m", None)
+
+    assert runtime.engine is first and not first.asleep
+    assert runtime.config.served_model_name == "m" and set(runtime._asleep) == {"e"}
+
+
+@pytestmark_db
+def test_a_batch_says_it_waits_for_its_model_to_be_loaded_until_it_is(
+        api, two_models, batch_in_progress):
+    from batches import availability
+
+    live_worker("w1", model="e")
+    Residency.objects.create(worker="w1", model="e")
+    batch = batch_in_progress(3, chunk_size=3)  # of model "m"
+
+    assert availability.batches_watch_models() == 0
+    shown = api.get(f"/v1/batches/{batch.id}").json()["error"]
+    assert shown["code"] == "model_not_resident" and "m is not loaded" in shown["message"]
+
+    Residency.objects.filter(worker="w1").update(model="m")
+    availability.batches_watch_models()
+    after = api.get(f"/v1/batches/{batch.id}").json()
+    assert (after["status"], after["error"]) == ("in_progress", None)
+
+
+@pytestmark_db
+def test_a_chunk_claimed_while_a_swap_began_goes_back_without_running(
+        multiplexing_runtime, batch_in_progress, monkeypatch):
+    from batches.models import ChunkStatus
+    from inference.swap import ModelSwapper
+
+    runtime = multiplexing_runtime
+    ModelSwapper(runtime).swap("m", None)
+    batch = batch_in_progress(4, chunk_size=4)
+    chunk = Chunk.objects.get(batch=batch)
+    claim = runtime._claim
+
+    def claim_during_a_swap(chunk_id):
+        work = claim(chunk_id)
+        runtime.swapping.set()  # the swapper began while the claim ran
+        return work
+
+    monkeypatch.setattr(runtime, "_claim", claim_during_a_swap)
+    outcome = runtime.run_chunk(chunk.id, "inference.m")
+
+    chunk.refresh_from_db()
+    assert "released, model swap" in outcome
+    assert (chunk.status, chunk.completed, chunk.failed) == (ChunkStatus.QUEUED, 0, 0)
+
+
+@pytestmark_db
+def test_two_deciders_at_once_decide_each_worker_once(batch_in_progress):
+    from tests.concurrency import require_concurrent_database, run_together
+
+    require_concurrent_database()
+    batch_in_progress(6, chunk_size=3)
+    for name in ("w1", "w2"):
+        live_worker(name)
+        residency_join(worker=name)
+
+    outcomes = run_together(4, lambda _: residency_decide())
+
+    assert not [o for o in outcomes if isinstance(o, Exception)], outcomes
+    decided = [d for outcome in outcomes for d in outcome]
+    assert len(decided) == len({d.worker for d in decided}) == 1  # one model, one worker
+    assert ModelSwap.objects.count() == 1
+    assert Residency.objects.filter(epoch=1).count() == 1
+
+
+def test_the_queue_switch_follows_the_model_a_multiplexing_worker_holds():
+    """Consume the bare queue while holding nothing or swapping, the model's queue
+    once its engine is up, nothing while the storage volume is full."""
+    import threading
+    from types import SimpleNamespace
+
+    from inference.signals import QueueSwitch
+
+    consumed = {"inference"}
+
+    class Queues(dict):  # kombu's Queues, as far as the switch uses them
+        consume_from = {"inference": None}
+
+        def select_add(self, queue):
+            pass
+
+        def deselect(self, name):
+            pass
+
+        def __missing__(self, name):
+            return name
+
+    class Consumer:
+        app = SimpleNamespace(amqp=SimpleNamespace(queues=Queues()))
+        task_consumer = SimpleNamespace(consuming_from=lambda name: name in consumed)
+
+        def call_soon(self, fn):
+            fn()
+
+        def cancel_task_queue(self, name):
+            consumed.discard(name)
+
+        def add_task_queue(self, name):
+            consumed.add(name)
+
+    runtime = SimpleNamespace(storage_error="", multiplex=True, swapping=threading.Event(),
+                              engine=None, config=SimpleNamespace(served_model_name=""))
+    switch = QueueSwitch(Consumer(), runtime)
+
+    runtime.engine, runtime.config.served_model_name = object(), "m"
+    switch.changed()
+    assert consumed == {"inference", "inference.m"}
+    runtime.swapping.set()
+    switch.changed()
+    assert consumed == {"inference"}
+    runtime.swapping.clear()
+    runtime.config.served_model_name = "e"
+    switch.changed()
+    assert consumed == {"inference", "inference.e"}
+    runtime.storage_error = "No space left on device"
+    switch.changed()
+    assert consumed == set()
+
+
+@pytestmark_db
+def test_a_model_taken_off_a_worker_waits_from_then_not_from_its_batch_start(
+        two_models, batch_in_progress):
+    from inference.residency import model_demand
+
+    batch = batch_in_progress(3, chunk_size=3)
+    Chunk.objects.filter(batch=batch).update(model="e")
+    began = batch.in_progress_at
+    evicted_at = began + timedelta(seconds=30)
+    ModelSwap.objects.create(worker="w1", from_model="e", to_model="m", reason="stretch",
+                             decided_at=evicted_at)
+
+    [demand_e] = model_demand(began + timedelta(seconds=60))
+
+    assert (demand_e.model, demand_e.requests) == ("e", 3)
+    assert demand_e.waiting_since == evicted_at.timestamp()
