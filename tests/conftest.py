@@ -62,6 +62,17 @@ def fresh_process_state():
 
 
 @pytest.fixture
+def two_models(settings):
+    """The server serves "m" (the default, first) and "e"."""
+    from serving.model_info import served_models
+
+    settings.BATCHGEN_MODELS = "m=/models/m,e=/models/e"
+    served_models.cache_clear()
+    yield
+    served_models.cache_clear()
+
+
+@pytest.fixture
 def api() -> APIClient:
     return APIClient()
 

@@ -19,17 +19,6 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def two_models(settings):
-    """The server serves "m" (the default, first) and "e"."""
-    from serving.model_info import served_models
-
-    settings.BATCHGEN_MODELS = "m=/models/m,e=/models/e"
-    served_models.cache_clear()
-    yield
-    served_models.cache_clear()
-
-
-@pytest.fixture
 def queues(monkeypatch):
     """The queue each published chunk went to: {chunk id: queue}."""
     from celery import Celery

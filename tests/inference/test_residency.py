@@ -181,16 +181,6 @@ def test_a_gone_worker_is_forgotten_and_its_model_waits_again(batch_in_progress)
 
 
 @pytest.fixture
-def two_models(settings):
-    from serving.model_info import served_models
-
-    settings.BATCHGEN_MODELS = "m=/models/m,e=/models/e"
-    served_models.cache_clear()
-    yield
-    served_models.cache_clear()
-
-
-@pytest.fixture
 def multiplexing_runtime(two_models, published):
     from inference.runtime import NO_MODEL, InferenceRuntime
 
