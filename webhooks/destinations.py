@@ -15,6 +15,8 @@ import ipaddress
 import re
 import socket
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -29,6 +31,20 @@ SETTING = "BATCHGEN_WEBHOOK_ALLOWED_HOSTS"
 class DestinationRefused(Exception):
     """A webhook URL or address the policy refuses; the message says why, for the
     registering client or the delivery log."""
+
+
+class LookupFailed(DestinationRefused):
+    """The host's name did not resolve, now: refused at registration (the client
+    hears it at once), but a send tries again later, as after a refused connection:
+    a resolver that is down for a minute must not fail the deliveries due then."""
+
+
+# A lookup waits this long at most. getaddrinfo cannot be interrupted, so it runs on
+# this small pool and the caller stops waiting: a name whose DNS never answers
+# holds a pool thread until the system resolver gives up (its own timeout and
+# attempts, /etc/resolv.conf), never a web thread or a sender.
+LOOKUP_SECONDS = 5.0
+_lookups = ThreadPoolExecutor(max_workers=4, thread_name_prefix="webhook-dns")
 
 
 def _networks(reason: str, *cidrs: str) -> list[tuple[IPNetwork, str]]:
@@ -145,15 +161,19 @@ def allowed_destinations() -> AllowList:
 
 def resolve(host: str, port: int) -> list[IPAddress]:
     """Every address `host` resolves to (an address literal: itself), in the
-    resolver's order. The one place names are looked up: the tests replace it."""
+    resolver's order, within LOOKUP_SECONDS. The one place names are looked up."""
+    lookup = _lookups.submit(lambda: socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = lookup.result(timeout=LOOKUP_SECONDS)
+    except FutureTimeout:
+        lookup.cancel()
+        raise LookupFailed(f"{host} did not resolve within {LOOKUP_SECONDS:g} s") from None
     except (OSError, UnicodeError) as exc:
-        raise DestinationRefused(f"{host} does not resolve ({exc})") from None
+        raise LookupFailed(f"{host} does not resolve ({exc})") from None
     addresses = [ipaddress.ip_address(info[4][0]) for info in infos
                  if info[0] in (socket.AF_INET, socket.AF_INET6)]
     if not addresses:
-        raise DestinationRefused(f"{host} resolves to no IP address")
+        raise LookupFailed(f"{host} resolves to no IP address")
     return list(dict.fromkeys(addresses))
 
 

@@ -103,8 +103,9 @@ def http_client(*, timeout: float) -> httpx.Client:
 
 
 def post(client: httpx.Client, attempt: Attempt) -> Outcome:
-    """POST the signed event; 2xx is delivered, anything else is for a retry, but a
-    destination the policy refuses (nothing sent)."""
+    """POST the signed event; 2xx is delivered, anything else is for a retry (a name
+    that does not resolve now included), but a destination the policy refuses
+    (nothing sent)."""
     headers = {"content-type": "application/json",
                **signed_headers(message_id=attempt.delivery_id, body=attempt.body,
                                 secrets_=attempt.secrets, at=timezone.now())}
@@ -120,6 +121,8 @@ def post(client: httpx.Client, attempt: Attempt) -> Outcome:
                     break
             text = head[:ERROR_BODY_BYTES].decode(errors="replace")
             return Outcome(response.status_code, f"HTTP {response.status_code}: {text}".strip())
+    except destinations.LookupFailed as exc:
+        return Outcome(None, f"LookupFailed: {exc}")  # tried again, as a refused connection
     except destinations.DestinationRefused as exc:
         return Outcome(None, f"not allowed: {exc}", not_allowed=True)
     except (httpx.HTTPError, httpx.InvalidURL) as exc:

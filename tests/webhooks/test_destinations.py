@@ -104,6 +104,31 @@ def test_a_name_that_does_not_resolve_is_refused(api, strict, dns):
     assert error["code"] == REFUSED and "does not resolve" in error["message"]
 
 
+def test_a_lookup_that_never_answers_is_refused_in_bounded_time(api, strict, dns,
+                                                                 monkeypatch):
+    # Given: a name whose DNS server never answers (the lookup blocks until released)
+    import threading
+    import time
+
+    from webhooks import destinations
+
+    monkeypatch.setattr(destinations, "LOOKUP_SECONDS", 0.5)
+    release = threading.Event()
+    dns.names["silent.example.com"] = lambda: release.wait(30) and [FakeDns.PUBLIC]
+    try:
+        # When: it is registered
+        began = time.monotonic()
+        response = register(api, "https://silent.example.com/hook")
+
+        # Then: refused once the lookup's time is up, not when the resolver gives up
+        assert time.monotonic() - began < 5
+        error = error_of(response, 400)
+        assert error["code"] == REFUSED
+        assert "silent.example.com did not resolve within 0.5 s" in error["message"]
+    finally:
+        release.set()
+
+
 @pytest.mark.parametrize("url", ["https://2130706433/", "https://0x7f.1/"])
 def test_numeric_spellings_of_loopback_are_refused(strict, url):
     # Not URLs the API's validator accepts; the services (manage.py, admin) get them.
@@ -233,6 +258,35 @@ def test_a_destination_refused_at_the_send_is_one_failed_attempt(
     error = error_of(api.post(f"/v1/webhook_endpoints/{endpoint.id}/test",
                               {"event_type": "batch.failed"}, format="json"), 400)
     assert error["code"] == REFUSED and receiver.received == []
+
+
+def test_a_name_that_fails_to_resolve_at_the_send_is_tried_again_not_failed(
+        create_batch, published, dns, receiver, quick_retries):
+    # Given: an endpoint whose name resolves at registration, then not for a while
+    # (the resolver down: EAI_AGAIN), then again
+    answers = iter([["127.0.0.1"], "down", ["127.0.0.1"]])
+
+    def answer():
+        now = next(answers)
+        if now == "down":
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return now
+
+    dns.names["flaky.example.com"] = answer
+    services.endpoint_create(url=receiver.url_for("flaky.example.com"))
+    delivery = end_a_batch(create_batch)
+
+    # When: the first send finds no answer, and the next one finds the name again
+    assert services.deliveries_send() == {DeliveryStatus.PENDING: 1}
+    delivery.refresh_from_db()
+    assert delivery.attempts == 1 and "Temporary failure in name resolution" in \
+        delivery.last_error and "not retried" not in delivery.last_error
+    assert services.deliveries_send() == {DeliveryStatus.DELIVERED: 1}
+
+    # Then: delivered on its second attempt
+    delivery.refresh_from_db()
+    assert delivery.status == DeliveryStatus.DELIVERED and delivery.attempts == 2
+    assert len(receiver.received) == 1
 
 
 def test_a_redirect_is_an_answer_not_followed(create_batch, published, quick_retries):
