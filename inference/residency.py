@@ -302,6 +302,19 @@ def swap_record(*, swap_id: int, started_at: datetime, finished_at: datetime,
 
 
 @retry_transient
+def swap_outcome(swap_id: int) -> dict | None:
+    """What a swap did, as the `residency.swap` task shows it in Flower (None: no such
+    swap, its decision undone)."""
+    swap = ModelSwap.objects.filter(id=swap_id).first()
+    if swap is None:
+        return None
+    outcome = "failed" if swap.error else "done" if swap.seconds is not None else "under way"
+    return {"worker": swap.worker, "from": swap.from_model, "to": swap.to_model,
+            "reason": swap.reason, "outcome": outcome, "seconds": swap.seconds,
+            "hand_back_seconds": swap.drain_seconds, "error": swap.error or None}
+
+
+@retry_transient
 def residency_cannot_start(*, worker: str, model: str, error: str) -> None:
     """`model`'s engine can never start on this worker with its settings: the worker
     holds nothing again and the scheduler never gives it `model` again (its row goes

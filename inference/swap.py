@@ -25,6 +25,10 @@ wait and then fail with `model_unavailable`, as on the pinned path
 START_TRIES times in a row, and then the worker exits as a pinned one does (its
 supervisor starts a fresh one).
 
+Once the swap is recorded (made or failed) the worker publishes a `residency.swap`
+task (inference/tasks.py) that only reads it back: Flower shows each swap as a task,
+its kwargs the worker and models, its result the outcome and seconds.
+
 A worker killed at any step holds nothing the existing recovery does not put right:
 chunks it had claimed are RUNNING under its lease, which its restart expires at once
 (worker_reap_host) or which runs out, and recovery requeues them; messages it had
@@ -40,6 +44,7 @@ import time
 
 from django.utils import timezone
 
+from core.publishing import publish
 from inference import residency
 from inference.engines import EngineConfigError
 
@@ -95,7 +100,8 @@ class ModelSwapper:
 
     def swap(self, model: str, swap_id: int | None) -> None:
         runtime = self.runtime
-        held = runtime.config.served_model_name or "nothing"
+        previous = runtime.config.served_model_name  # "": nothing yet
+        held = previous or "nothing"
         logger.info("model swap: %s -> %s: handing back %s chunk(s)", held, model,
                     runtime.ledger.held)
         began, started_at = time.monotonic(), timezone.now()
@@ -117,6 +123,7 @@ class ModelSwapper:
                                       started_at=started_at, finished_at=timezone.now(),
                                       drain_seconds=drained - began, seconds=None,
                                       error=str(exc))
+                self._show(swap_id, previous, model)
             self._start_failed(model, exc)
             return
         seconds = time.monotonic() - drained
@@ -130,6 +137,14 @@ class ModelSwapper:
             runtime.database.call(residency.swap_record, swap_id=swap_id,
                                   started_at=started_at, finished_at=timezone.now(),
                                   drain_seconds=drained - began, seconds=seconds)
+            self._show(swap_id, previous, model)
+
+    def _show(self, swap_id: int, previous: str, model: str) -> None:
+        """Show the swap, once recorded, as a `residency.swap` task in Flower
+        (inference/tasks.py). Only a view of the row: publish holds it through a
+        broker outage, and a message lost or run twice changes nothing."""
+        publish("residency.swap", (swap_id,), kwargs={
+            "worker": self.runtime.name, "from_model": previous, "to_model": model})
 
     def _settle(self) -> None:
         """The swap is over (made or not): take chunks again, of whatever is held."""

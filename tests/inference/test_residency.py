@@ -468,6 +468,9 @@ def test_a_model_that_cannot_start_leaves_the_worker_serving_the_others(
     row = Residency.objects.get(worker="mux-worker")
     assert "refuse its settings" in row.cannot_start["e"] and row.model == ""
     assert ModelSwap.objects.get(id=decision_swap(decision)).error == row.cannot_start["e"]
+    from inference.residency import swap_outcome
+
+    assert swap_outcome(decision_swap(decision))["outcome"] == "failed"  # as Flower shows it
     assert runtime.failed is None and runtime.exit_code() is None
     assert runtime.engine is None and runtime.config.served_model_name == ""
     assert residency_decide() == []  # e waits for no one: it is never given again
@@ -517,3 +520,35 @@ def test_a_transient_start_failure_is_tried_again_then_the_worker_gives_up(
         swapper.swap("e", None)  # the swapper thread then stops the worker, as before
     swapper.swap("m", None)
     assert runtime.config.served_model_name == "m" and swapper.start_failures == {"e": 3}
+
+
+# --- each swap shown as a task in Flower (residency.swap) -------------------------------------
+
+
+@pytestmark_db
+def test_each_swap_is_published_as_a_task_that_only_reads_it(
+        multiplexing_runtime, batch_in_progress, published):
+    from inference.swap import ModelSwapper
+    from inference.tasks import show_swap
+
+    runtime = multiplexing_runtime
+    residency_join(worker=runtime.name)
+    batch_in_progress(3, chunk_size=3)
+    [decision] = residency_decide()
+    swap_id = Residency.objects.get(worker=runtime.name).swap
+
+    ModelSwapper(runtime).swap(decision.model, swap_id)
+
+    # Then: one residency.swap message, sent once the swap was recorded ...
+    assert [args for name, args in published if name == "residency.swap"] == [(swap_id,)]
+    recorded = (list(ModelSwap.objects.values()), list(Residency.objects.values()))
+    assert recorded[0][0]["seconds"] is not None  # ... so never running it loses nothing
+    # ... whose body, run twice (a redelivery), reports the same and changes nothing
+    shown = {"worker": runtime.name, "from_model": "", "to_model": "m"}
+    first = show_swap.apply(args=(swap_id,), kwargs=shown).get()
+    assert show_swap.apply(args=(swap_id,), kwargs=shown).get() == first
+    assert (first["worker"], first["from"], first["to"], first["outcome"]) == (
+        runtime.name, "", "m", "done")
+    assert first["seconds"] >= 0 and first["hand_back_seconds"] >= 0 and first["error"] is None
+    assert (list(ModelSwap.objects.values()), list(Residency.objects.values())) == recorded
+    assert show_swap(swap_id + 1000) is None  # a swap whose decision was undone
