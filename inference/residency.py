@@ -309,7 +309,7 @@ def swap_outcome(swap_id: int) -> dict | None:
     if swap is None:
         return None
     outcome = "failed" if swap.error else "done" if swap.seconds is not None else "under way"
-    return {"worker": swap.worker, "from": swap.from_model, "to": swap.to_model,
+    return {"swap": swap.id, "worker": swap.worker, "from": swap.from_model, "to": swap.to_model,
             "reason": swap.reason, "outcome": outcome, "seconds": swap.seconds,
             "hand_back_seconds": swap.drain_seconds, "error": swap.error or None}
 

@@ -106,6 +106,10 @@ def test_a_model_that_cannot_start_leaves_the_multiplexing_worker_serving_the_ot
     assert log.count("started inference1 (pid") == 1
     assert "model e cannot start on this worker" in log
     assert "is not restarted" not in log and "stopping this worker" not in log
+    # Flower shows the failed swap and the one made as residency.swap tasks
+    shown = [line for line in log.splitlines() if "Task residency.swap[" in line]
+    assert any("'to': 'e', 'reason': 'idle', 'outcome': 'failed'" in line for line in shown)
+    assert any("'to': 'm', 'reason': 'idle', 'outcome': 'done'" in line for line in shown)
 
 
 def server_models(name: str) -> str:
