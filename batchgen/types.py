@@ -167,6 +167,7 @@ class Model(BaseObject):
     resident_on: list[str]
     root: str
     parent: str | None
+    cannot_start: str | None
     object: str | None = None
     owned_by: str | None = None
 

@@ -33,7 +33,11 @@ def health_problem() -> str | None:
             conn.ensure_connection(max_retries=1, timeout=2)
     except Exception as exc:
         return f"broker unreachable: {_first_line(exc)}"
-    from inference.selectors import live_workers, models_without_ready_worker
+    from inference.selectors import (
+        live_workers,
+        models_that_cannot_start,
+        models_without_ready_worker,
+    )
 
     workers = list(live_workers().values_list("ready", "storage_error"))
     # Each served model, not just one, and named: a model whose engine cannot start
@@ -44,6 +48,11 @@ def health_problem() -> str | None:
     if not any(ready for ready, _ in workers):
         return (f"{len(workers)} inference worker(s) alive, none with its engine ready yet "
                 f"(model {unserved})")
+    cannot = models_that_cannot_start()
+    if cannot:
+        model, why = next(iter(cannot.items()))
+        return (f"model {', '.join(cannot)} cannot start on any multiplexing inference "
+                f"worker with these settings: its requests wait ({model}: {why})")
     if unserved:
         return (f"no inference worker of model {unserved} is alive with its engine ready: "
                 "its requests wait")

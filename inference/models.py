@@ -48,6 +48,10 @@ class Residency(models.Model):
     epoch = models.IntegerField(default=0)  # grows by one at every decision
     assigned_at = models.DateTimeField(auto_now_add=True)  # the stretch began
     swap = models.BigIntegerField(null=True, blank=True)  # the ModelSwap of the decision
+    # The models whose engine can never start on this worker with its settings (an
+    # EngineConfigError: model -> why): the scheduler never gives it them again. They
+    # go with the row, when the worker does: a restart (new settings) tries them again.
+    cannot_start = models.JSONField(default=dict, blank=True)
 
     def __str__(self) -> str:
         return f"{self.worker} -> {self.model or '(none)'}"
@@ -67,6 +71,7 @@ class ModelSwap(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)  # the new engine ready
     drain_seconds = models.FloatField(null=True, blank=True)  # chunks handed back
     seconds = models.FloatField(null=True, blank=True)  # stop + start
+    error = models.TextField(blank=True, default="")  # why the new engine did not start
 
     def __str__(self) -> str:
         return f"{self.worker}: {self.from_model or '(none)'} -> {self.to_model}"

@@ -28,6 +28,11 @@ benchmarks/multiplex.py), in order:
    swap costs (measured from the workers' rate; SPREAD_MIN_REQUESTS before any rate
    is known). A second worker on a large batch, not on its last few chunks.
 
+A worker is never given a model whose engine it found can never start with its
+settings (Residency.cannot_start, written by the worker: inference/swap.py); a model
+no live worker can start is given to none, and its batches fail with
+`model_unavailable` at BATCHGEN_MODEL_UNAVAILABLE_SECONDS (batches/availability.py).
+
 What it promises: with one worker and every batch submitted together, each model with
 work becomes resident once (as many loads as models, one swap fewer), as long as each
 model's work fits in a stretch; and no model waits longer than the bound for a worker,
@@ -79,6 +84,8 @@ class WorkerState:
     model: str  # assigned ("" none)
     since: float  # when the assignment was made (seconds, epoch)
     settled: bool  # it holds its assigned model with its engine ready
+    # Models whose engine can never start on it (Residency.cannot_start): never given it.
+    cannot: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,12 +120,14 @@ def plan(workers: list[WorkerState], demand: list[ModelDemand], *, now: float,
     idle = sorted((w for w in workers if w.model not in open_requests),
                   key=lambda w: (w.model != "", w.since, w.name))
     for worker in idle:
-        if waiting:
-            assign(worker, waiting.pop(0).model, Reason.IDLE)
+        model = next((d for d in waiting if d.model not in worker.cannot), None)
+        if model is not None:
+            waiting.remove(model)
+            assign(worker, model.model, Reason.IDLE)
     for model in waiting:
         deadline = now - model.waiting_since >= max(max_wait - swap_seconds, 0)
-        worker = _preemptible(workers, assigned, open_requests, now=now, stretch=stretch,
-                              deadline=deadline)
+        worker = _preemptible([w for w in workers if model.model not in w.cannot], assigned,
+                              open_requests, now=now, stretch=stretch, deadline=deadline)
         if worker is not None:
             assign(worker, model.model, Reason.DEADLINE if deadline and
                    now - worker.since < stretch else Reason.STRETCH)
@@ -126,7 +135,7 @@ def plan(workers: list[WorkerState], demand: list[ModelDemand], *, now: float,
         if assigned[worker.name] != worker.model:
             continue
         target = _worth_joining(open_requests, assigned, swap_seconds=swap_seconds, rate=rate)
-        if target is not None and target != worker.model:
+        if target is not None and target != worker.model and target not in worker.cannot:
             assign(worker, target, Reason.SPREAD)
     return decisions
 
@@ -214,7 +223,8 @@ def _workers(live: dict[str, tuple[str, bool]]) -> list[WorkerState]:
     for row in Residency.objects.filter(worker__in=list(live)).order_by("worker"):
         holds, ready = live[row.worker]
         states.append(WorkerState(row.worker, row.model, row.assigned_at.timestamp(),
-                                  settled=ready and holds == row.model))
+                                  settled=ready and holds == row.model,
+                                  cannot=frozenset(row.cannot_start or ())))
     return states
 
 
@@ -267,9 +277,11 @@ def _write(decision: Decision, previous: str, now: datetime) -> bool:
 
 
 @retry_transient
-def residency_join(*, worker: str) -> None:
-    """A multiplexing worker starts holding nothing."""
-    Residency.objects.update_or_create(worker=worker, defaults={"model": "", "swap": None})
+def residency_join(*, worker: str, cannot_start: dict[str, str] | None = None) -> None:
+    """A multiplexing worker starts holding nothing (`cannot_start`: what it found it
+    cannot start before the scheduler forgot it, see residency_cannot_start)."""
+    Residency.objects.update_or_create(worker=worker, defaults={
+        "model": "", "swap": None, "cannot_start": cannot_start or {}})
 
 
 @retry_transient
@@ -282,6 +294,38 @@ def residency_assigned(*, worker: str) -> tuple[str, int | None] | None:
 
 @retry_transient
 def swap_record(*, swap_id: int, started_at: datetime, finished_at: datetime,
-                drain_seconds: float, seconds: float) -> None:
+                drain_seconds: float, seconds: float | None, error: str = "") -> None:
+    """What a swap cost (`seconds` None and `error` said: its new engine did not start)."""
     ModelSwap.objects.filter(id=swap_id).update(started_at=started_at, finished_at=finished_at,
-                                                drain_seconds=drain_seconds, seconds=seconds)
+                                                drain_seconds=drain_seconds, seconds=seconds,
+                                                error=error)
+
+
+@retry_transient
+def swap_outcome(swap_id: int) -> dict | None:
+    """What a swap did, as the `residency.swap` task shows it in Flower (None: no such
+    swap, its decision undone)."""
+    swap = ModelSwap.objects.filter(id=swap_id).first()
+    if swap is None:
+        return None
+    outcome = "failed" if swap.error else "done" if swap.seconds is not None else "under way"
+    return {"swap": swap.id, "worker": swap.worker, "from": swap.from_model, "to": swap.to_model,
+            "reason": swap.reason, "outcome": outcome, "seconds": swap.seconds,
+            "hand_back_seconds": swap.drain_seconds, "error": swap.error or None}
+
+
+@retry_transient
+def residency_cannot_start(*, worker: str, model: str, error: str) -> None:
+    """`model`'s engine can never start on this worker with its settings: the worker
+    holds nothing again and the scheduler never gives it `model` again (its row goes
+    when the worker does, so a restart with new settings tries it again)."""
+    with transaction.atomic():
+        row = Residency.objects.select_for_update().filter(worker=worker).first()
+        if row is None:
+            return  # forgotten meanwhile: the worker joins again, and fails it again
+        row.cannot_start = {**(row.cannot_start or {}), model: error}
+        fields = ["cannot_start"]
+        if row.model == model:  # not reassigned meanwhile
+            row.model, row.epoch, row.swap = "", row.epoch + 1, None
+            fields += ["model", "epoch", "swap"]
+        row.save(update_fields=fields)

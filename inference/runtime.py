@@ -225,11 +225,19 @@ class InferenceRuntime:
             engine_config_from_settings(model_id), sleep_mode=True))
         self.config = config
         self.slots = SlotPool(self.slots.capacity, token_budget=config.token_budget)
-        if engine is not None:
-            self._on_loop(engine.wake_up())
-        else:
-            engine = load_engine(config)
-            self._on_loop(engine.start(), timeout=None)
+        try:
+            if engine is not None:
+                self._on_loop(engine.wake_up())
+            else:
+                engine = load_engine(config)
+                self._on_loop(engine.start(), timeout=None)
+        except BaseException:
+            # Hold nothing, as before a first swap; what the failed start left running
+            # (vLLM's engine core may be up) goes now, not with the worker.
+            self.config = NO_MODEL
+            if engine is not None:
+                self._discard(engine)
+            raise
         self.engine = engine
         self._admission()
         return stopped
@@ -241,6 +249,12 @@ class InferenceRuntime:
             logger.info("model %s sleeps in host memory", config.served_model_name)
         else:
             self._on_loop(engine.shutdown())
+
+    def _discard(self, engine: Engine) -> None:
+        try:
+            self._on_loop(engine.shutdown())
+        except Exception:
+            logger.exception("stopping the engine that failed to start failed")
 
     def _on_loop(self, coroutine, *, timeout: float | None = SHUTDOWN_SECONDS):
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)

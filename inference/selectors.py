@@ -46,18 +46,34 @@ def models_without_ready_worker() -> list[str]:
     batches/availability.py)."""
     ready = set(live_workers().filter(ready=True).values_list("model", flat=True))
     if multiplexing_workers().filter(ready=True).exists():
-        return []  # they hold each model in turn (inference/residency.py)
+        # They hold each model in turn (inference/residency.py), all but those none
+        # of them can start.
+        return [model for model in models_that_cannot_start() if model not in ready]
     return [model.id for model in served_models() if model.id not in ready]
+
+
+def models_that_cannot_start() -> dict[str, str]:
+    """Where workers multiplex: the served models whose engine can start on none of
+    the live multiplexing workers (Residency.cannot_start), each with why (one
+    worker's reason). The scheduler gives them to no worker."""
+    rows = list(Residency.objects.filter(worker__in=live_workers().values("name"))
+                .values_list("cannot_start", flat=True))
+    if not rows:
+        return {}
+    return {model.id: rows[0][model.id] for model in served_models()
+            if all(model.id in (row or {}) for row in rows)}
 
 
 def models_not_resident() -> list[str]:
     """Where workers multiplex: the served models none of them holds now (loaded or
-    loading). Empty where none multiplexes."""
+    loading), but for those none can start (their batches wait as for a model with
+    no worker, batches/availability.py). Empty where none multiplexes."""
     held = set(Residency.objects.filter(worker__in=live_workers().values("name"))
                .values_list("model", flat=True))
     if not held:
         return []
-    return [model.id for model in served_models() if model.id not in held]
+    cannot = models_that_cannot_start()
+    return [model.id for model in served_models() if model.id not in held | set(cannot)]
 
 
 def multiplexing_workers() -> QuerySet[Worker]:

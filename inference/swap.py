@@ -15,6 +15,20 @@ The swap, on this worker's swapper thread:
 3. The old engine stops (vLLM's engine core process ends, its memory freed), the new
    model's engine starts, and the worker consumes the new model's queue.
 
+A new engine that fails to start does not take the worker down (it serves the other
+models): the worker holds nothing again, its chunks having been handed back. A
+permanent failure (EngineConfigError: these settings can never start the model) is
+recorded on its Residency row with the root cause, and the scheduler never gives it
+that model again while it lives; where no live worker can start a model, its batches
+wait and then fail with `model_unavailable`, as on the pinned path
+(batches/availability.py). A transient one is tried again after a pause, up to
+START_TRIES times in a row, and then the worker exits as a pinned one does (its
+supervisor starts a fresh one).
+
+Once the swap is recorded (made or failed) the worker publishes a `residency.swap`
+task (inference/tasks.py) that only reads it back: Flower shows each swap as a task,
+its kwargs the worker and models, its result the outcome and seconds.
+
 A worker killed at any step holds nothing the existing recovery does not put right:
 chunks it had claimed are RUNNING under its lease, which its restart expires at once
 (worker_reap_host) or which runs out, and recovery requeues them; messages it had
@@ -30,7 +44,9 @@ import time
 
 from django.utils import timezone
 
+from core.publishing import publish
 from inference import residency
+from inference.engines import EngineConfigError
 
 logger = logging.getLogger("batchgen.inference")
 
@@ -39,12 +55,16 @@ POLL_SECONDS = 0.5  # how often the worker reads its assignment (one indexed rea
 # finish in seconds; a CPU engine's long generations must not hold a waiting model.
 SWAP_DRAIN_SECONDS = 20.0
 HAND_BACK_SECONDS = 30.0  # then the cancelled ones' chunks are released within this
+START_TRIES = 3  # a model's engine failing to start (transiently) this often in a row ...
+START_RETRY_SECONDS = 5.0  # ... with this pause, times the tries, before each next one
 
 
 class ModelSwapper:
     def __init__(self, runtime) -> None:
         self.runtime = runtime
         self.swaps = 0
+        self.start_failures: dict[str, int] = {}  # model -> transient failures in a row
+        self.cannot_start: dict[str, str] = {}  # model -> why it never starts here
         self._thread = threading.Thread(target=self._run, name="model-swapper", daemon=True)
 
     def start(self) -> ModelSwapper:
@@ -62,7 +82,8 @@ class ModelSwapper:
         while not self._stopped():
             try:
                 if not joined:
-                    runtime.database.call(residency.residency_join, worker=runtime.name)
+                    runtime.database.call(residency.residency_join, worker=runtime.name,
+                                          cannot_start=self.cannot_start)
                     joined = True
                 assigned = runtime.database.call(residency.residency_assigned,
                                                  worker=runtime.name)
@@ -79,7 +100,8 @@ class ModelSwapper:
 
     def swap(self, model: str, swap_id: int | None) -> None:
         runtime = self.runtime
-        held = runtime.config.served_model_name or "nothing"
+        previous = runtime.config.served_model_name  # "": nothing yet
+        held = previous or "nothing"
         logger.info("model swap: %s -> %s: handing back %s chunk(s)", held, model,
                     runtime.ledger.held)
         began, started_at = time.monotonic(), timezone.now()
@@ -92,13 +114,22 @@ class ModelSwapper:
                 logger.warning("%s chunk(s) not handed back for the swap; their leases will "
                                "expire", runtime.ledger.held)
         drained = time.monotonic()
-        stop_seconds = runtime.replace_engine(model)
+        try:
+            stop_seconds = runtime.replace_engine(model)
+        except Exception as exc:
+            self._settle()
+            if swap_id is not None:
+                runtime.database.call(residency.swap_record, swap_id=swap_id,
+                                      started_at=started_at, finished_at=timezone.now(),
+                                      drain_seconds=drained - began, seconds=None,
+                                      error=str(exc))
+                self._show(swap_id, previous, model)
+            self._start_failed(model, exc)
+            return
         seconds = time.monotonic() - drained
-        runtime.swap_cancel.clear()
-        runtime.swapping.clear()
+        self.start_failures.pop(model, None)
+        self._settle()
         self.swaps += 1
-        runtime._beat()
-        runtime._switch_queue()
         logger.info("model swap: %s -> %s took %.1f s (handing back %.1f s, engine stop "
                     "%.1f s, start %.1f s)", held, model, time.monotonic() - began,
                     drained - began, stop_seconds, seconds - stop_seconds)
@@ -106,3 +137,38 @@ class ModelSwapper:
             runtime.database.call(residency.swap_record, swap_id=swap_id,
                                   started_at=started_at, finished_at=timezone.now(),
                                   drain_seconds=drained - began, seconds=seconds)
+            self._show(swap_id, previous, model)
+
+    def _show(self, swap_id: int, previous: str, model: str) -> None:
+        """Show the swap, once recorded, as a `residency.swap` task in Flower
+        (inference/tasks.py). Only a view of the row: publish holds it through a
+        broker outage, and a message lost or run twice changes nothing."""
+        publish("residency.swap", (swap_id,), kwargs={
+            "worker": self.runtime.name, "from_model": previous, "to_model": model})
+
+    def _settle(self) -> None:
+        """The swap is over (made or not): take chunks again, of whatever is held."""
+        runtime = self.runtime
+        runtime.swap_cancel.clear()
+        runtime.swapping.clear()
+        runtime._beat()
+        runtime._switch_queue()
+
+    def _start_failed(self, model: str, error: Exception) -> None:
+        """After `model`'s engine failed to start, this worker holding nothing: record
+        a permanent failure so it is never given that model again, pause before trying
+        a transient one again, or raise after START_TRIES in a row (the worker exits)."""
+        runtime = self.runtime
+        if isinstance(error, EngineConfigError):
+            logger.error("model %s cannot start on this worker with these settings, and is "
+                         "not given it again; it serves the other models: %s", model, error)
+            self.cannot_start[model] = str(error)
+            runtime.database.call(residency.residency_cannot_start, worker=runtime.name,
+                                  model=model, error=str(error))
+            return
+        tries = self.start_failures[model] = self.start_failures.get(model, 0) + 1
+        if tries >= START_TRIES:
+            raise error
+        logger.warning("model %s failed to start (%s of %s tries), trying again in %.0f s: "
+                       "%r", model, tries, START_TRIES, START_RETRY_SECONDS * tries, error)
+        runtime.draining.wait(START_RETRY_SECONDS * tries)

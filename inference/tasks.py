@@ -28,3 +28,15 @@ def decide_residency() -> str:
 
     decisions = residency_decide()
     return "; ".join(f"{d.worker} -> {d.model} ({d.reason})" for d in decisions) or "no change"
+
+
+# A swap, shown in Flower (inference/swap.py publishes one when a worker has made or
+# failed one): its kwargs say which worker went from which model to which, its
+# result what it cost. The swap itself happened on the worker's swapper thread and
+# is in the database already; this only reads it, so a message run twice, or lost,
+# changes nothing. On the control queue (residency.* is routed there).
+@shared_task(name="residency.swap")
+def show_swap(swap_id: int, **shown) -> dict | None:
+    from inference.residency import swap_outcome
+
+    return swap_outcome(swap_id)

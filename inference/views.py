@@ -73,6 +73,10 @@ class ModelSerializer(serializers.Serializer):
                                       help_text="the batch endpoints it serves")
     live = serializers.BooleanField(help_text="whether a live inference worker holds it, "
                                     "or multiplexing workers can load it")
+    cannot_start = serializers.CharField(
+        allow_null=True, help_text="why its engine cannot start on any live multiplexing "
+        "worker with their settings (its batches wait, then fail with model_unavailable); "
+        "null otherwise")
     workers = serializers.IntegerField(help_text="live inference workers holding it")
     resident = serializers.BooleanField(help_text="whether it is loaded (or loading) on a "
                                         "live worker now")
@@ -94,13 +98,16 @@ def _models() -> list[dict]:
     workers = selectors.live_workers_by_model()
     resident = selectors.resident_on()
     multiplexing = selectors.multiplexing_workers().exists()
+    cannot_start = selectors.models_that_cannot_start() if multiplexing else {}
 
     def card(name: str, model: ModelInfo, endpoints: tuple[str, ...],
              parent: str | None) -> dict:
         return {"id": name, "object": "model", "created": SERVER_STARTED,
                 "owned_by": "batchgen", "max_context_length": model.max_context_length,
                 "engine": model.engine, "endpoints": list(endpoints),
-                "live": workers.get(model.id, 0) > 0 or multiplexing,
+                "live": workers.get(model.id, 0) > 0 or (multiplexing
+                                                         and model.id not in cannot_start),
+                "cannot_start": cannot_start.get(model.id),
                 "workers": workers.get(model.id, 0),
                 "resident": bool(resident.get(model.id)),
                 "resident_on": resident.get(model.id, []),

@@ -25,6 +25,8 @@ class SimulatedEngine(Engine):
         # Fault tests make its start fail as a real engine's can (BATCHGEN_ENGINE_ARGS
         # '{"fail_start": "config"}' or '"transient"'): for good, or this time only.
         failure = self.config.engine_args.get("fail_start")
+        if isinstance(failure, dict):  # {"model": "config"}: that model's start only
+            failure = failure.get(self.config.served_model_name)
         if failure == "config":
             raise EngineConfigError("the simulated engine was told to refuse its settings",
                                     setting="BATCHGEN_ENGINE_ARGS (fail_start)")

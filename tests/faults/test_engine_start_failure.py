@@ -76,3 +76,42 @@ def test_an_engine_that_cannot_start_is_not_restarted_and_its_batch_fails_in_bou
     assert server.children("-Q inference.m") == []
     print(f"\nclear failure {clear_after:.1f} s after serve started; batch failed with "
           f"model_unavailable {time.monotonic() - started:.1f} s after")
+
+
+def test_a_model_that_cannot_start_leaves_the_multiplexing_worker_serving_the_others(
+        start_server):
+    """One multiplexing worker, models m and e, e's engine refusing its settings: the
+    worker is not stopped (nor restarted), m's batch completes on it, e's fails with
+    model_unavailable at the bound, and /health and /v1/models say e cannot start."""
+    server, api = start_server(
+        args=["--inference-workers", "1", "--multiplex"],
+        BATCHGEN_MODELS=",".join(f"{name}={server_models(name)}" for name in ("m", "e")),
+        BATCHGEN_ENGINE_ARGS='{"fail_start": {"e": "config"}}',
+        BATCHGEN_MODEL_UNAVAILABLE_SECONDS=str(BOUND_SECONDS))
+    of_e = api.create_batch(api.upload(chat_lines(10, prefix="e", model="e"))["id"]).json()
+    of_m = api.create_batch(api.upload(chat_lines(10, prefix="m"))["id"]).json()
+
+    failed = api.wait_status(of_e["id"], {"failed", "completed"}, timeout=120)
+    done = api.wait_status(of_m["id"], {"failed", "completed"}, timeout=120)
+
+    assert (failed["status"], failed["error"]["code"]) == ("failed", "model_unavailable")
+    assert failed["request_counts"] == {"total": 10, "completed": 0, "failed": 0}
+    assert (done["status"], done["request_counts"]["completed"]) == ("completed", 10)
+    models = {m["id"]: m for m in api.http.get("/v1/models").json()["data"]}
+    assert "BATCHGEN_ENGINE_ARGS (fail_start)" in models["e"]["cannot_start"]
+    assert (models["e"]["live"], models["m"]["cannot_start"]) == (False, None)
+    health = api.http.get("/health")
+    assert health.status_code == 503 and "model e cannot start" in health.json()["reason"]
+    log = server.log(tail=100_000)
+    assert log.count("started inference1 (pid") == 1
+    assert "model e cannot start on this worker" in log
+    assert "is not restarted" not in log and "stopping this worker" not in log
+    # Flower shows the failed swap and the one made as residency.swap tasks
+    shown = [line for line in log.splitlines() if "Task residency.swap[" in line]
+    assert any("'to': 'e', 'reason': 'idle', 'outcome': 'failed'" in line for line in shown)
+    assert any("'to': 'm', 'reason': 'idle', 'outcome': 'done'" in line for line in shown)
+
+
+def server_models(name: str) -> str:
+    # The simulated engine reads no weights: any path names a model.
+    return f"/models/{name}"

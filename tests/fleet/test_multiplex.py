@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from datetime import datetime
@@ -52,6 +53,15 @@ def swapping_worker(database_url: str) -> int | None:
                     "ON r.worker = w.name WHERE w.stopped_at IS NULL AND r.model != '' "
                     "AND w.model != r.model")
     return rows[0][0] if rows else None
+
+
+SWAP_TASK = re.compile(r"Task residency\.swap\[[^\]]+\] succeeded in [^:]+: \{'swap': (\d+),")
+
+
+def shown_swaps(logs) -> set[int]:
+    """The swaps the control worker ran a residency.swap task for (Flower's view)."""
+    return {int(match) for path in logs
+            for match in SWAP_TASK.findall(path.read_text(errors="replace"))}
 
 
 def test_two_workers_serve_five_models_within_the_wait_bound_through_a_kill(
@@ -98,6 +108,15 @@ def test_two_workers_serve_five_models_within_the_wait_bound_through_a_kill(
     assert {to for _, _, to, *_ in swaps} == set(MODELS), history
     assert large_then < LARGE, "the small batches waited for the large one to finish"
     assert {"stretch", "deadline"} & {reason for *_, reason, _, _ in swaps}, history
+    # Flower shows each swap the workers made as a residency.swap task (run on the
+    # control worker; logged with its result): all but one the killed worker was making
+    made = {row[0] for row in pg_query(
+        database_url, "SELECT s.id FROM inference_modelswap s WHERE s.seconds IS NOT NULL "
+        f"AND s.worker NOT IN (SELECT name FROM inference_worker WHERE pid = {pid})")}
+    shown = wait_until(lambda: (ids := shown_swaps(fleet.logs)) >= made and ids,
+                       timeout=60, message="every swap shown as a residency.swap task")
+    assert made and shown <= {row[0] for row in pg_query(
+        database_url, "SELECT id FROM inference_modelswap")}
     assert api.server_errors == []
     assert error_lines(fleet.logs, expected_exits=[pid]) == []
     print(f"{len(swaps)} residency decisions, {time.strftime('%H:%M:%S')}:\n{history}")

@@ -22,8 +22,9 @@ from inference.residency import (
 POLICY = {"stretch": 300.0, "max_wait": 900.0, "swap_seconds": 40.0}
 
 
-def worker(name: str, model: str = "", since: float = 0.0, settled: bool = True) -> WorkerState:
-    return WorkerState(name, model, since, settled)
+def worker(name: str, model: str = "", since: float = 0.0, settled: bool = True,
+           cannot: frozenset[str] = frozenset()) -> WorkerState:
+    return WorkerState(name, model, since, settled, cannot)
 
 
 def demand(model: str, requests: int, waiting_since: float = 0.0) -> ModelDemand:
@@ -420,3 +421,134 @@ def test_a_model_taken_off_a_worker_waits_from_then_not_from_its_batch_start(
 
     assert (demand_e.model, demand_e.requests) == ("e", 3)
     assert demand_e.waiting_since == evicted_at.timestamp()
+
+
+# --- a model whose engine cannot start (inference/swap.py, _start_failed) ---------------------
+
+
+def test_a_worker_is_never_given_a_model_it_cannot_start_and_another_worker_is():
+    cannot = frozenset({"a"})
+    workers = [worker("w1", cannot=cannot)]
+    assert plan(workers, [demand("a", 10, 0.0)], now=100.0, **POLICY) == []
+    decisions = plan(workers, [demand("a", 10, 0.0), demand("b", 10, 50.0)], now=100.0,
+                     **POLICY)
+    assert [(d.worker, d.model) for d in decisions] == [("w1", "b")]
+    both = [worker("w1", cannot=cannot), worker("w2", "c", since=0.0)]
+    decisions = plan(both, [demand("a", 10, 0.0), demand("c", 10)], now=5000.0, **POLICY)
+    assert [(d.worker, d.model) for d in decisions] == [("w2", "a")]
+    # not by preemption, and not to join a large queue either
+    busy = [worker("w1", "c", since=0.0, cannot=cannot)]
+    assert plan(busy, [demand("a", 10, 0.0), demand("c", 10)], now=5000.0, **POLICY) == []
+    idle = [worker("w1", "b", cannot=cannot), worker("w2", "a")]
+    assert plan(idle, [demand("a", 10_000)], now=1.0, **POLICY) == []
+
+
+@pytestmark_db
+def test_a_model_that_cannot_start_leaves_the_worker_serving_the_others(
+        multiplexing_runtime, batch_in_progress, settings, api):
+    """`e`'s engine refuses its settings (EngineConfigError): the worker records it
+    with the cause, holds nothing, is never given `e` again and serves `m`; `e` shows
+    it cannot start and its batch fails with model_unavailable at the bound, as on
+    the pinned path."""
+    from batches import availability
+    from batches.models import Batch
+
+    settings.BATCHGEN_ENGINE_ARGS = {"fail_start": {"e": "config"}}
+    settings.BATCHGEN_MODEL_UNAVAILABLE_SECONDS = 60
+    runtime = multiplexing_runtime
+    runtime.start_swapper()
+    wait_for(lambda: Residency.objects.filter(worker="mux-worker").exists())
+    of_e = batch_in_progress(3, chunk_size=3)
+    Chunk.objects.filter(batch=of_e).update(model="e")
+
+    [decision] = residency_decide()
+    assert decision.model == "e"
+    wait_for(lambda: "e" in Residency.objects.get(worker="mux-worker").cannot_start)
+
+    row = Residency.objects.get(worker="mux-worker")
+    assert "refuse its settings" in row.cannot_start["e"] and row.model == ""
+    assert ModelSwap.objects.get(id=decision_swap(decision)).error == row.cannot_start["e"]
+    from inference.residency import swap_outcome
+
+    assert swap_outcome(decision_swap(decision))["outcome"] == "failed"  # as Flower shows it
+    assert runtime.failed is None and runtime.exit_code() is None
+    assert runtime.engine is None and runtime.config.served_model_name == ""
+    assert residency_decide() == []  # e waits for no one: it is never given again
+    of_m = batch_in_progress(3, chunk_size=3)
+    assert [d.model for d in residency_decide()] == ["m"]
+    wait_for(lambda: runtime.config.served_model_name == "m" and runtime.engine is not None
+             and not runtime.swapping.is_set())
+    runtime._heartbeat_once()
+
+    models = {m["id"]: m for m in api.get("/v1/models").json()["data"]}
+    assert "refuse its settings" in models["e"]["cannot_start"] and not models["e"]["live"]
+    assert models["m"]["cannot_start"] is None and models["m"]["live"]
+    health = api.get("/health").json()
+    assert "model e cannot start" in health["reason"], health
+    availability.batches_watch_models()
+    assert Batch.objects.get(id=of_e.id).error["code"] == "model_unavailable"
+    assert Batch.objects.get(id=of_m.id).error is None
+    error = Batch.objects.get(id=of_e.id).error
+    Batch.objects.filter(id=of_e.id).update(error={**error, "since": error["since"] - 61})
+    assert availability.batches_watch_models() == 1
+    failed = Batch.objects.get(id=of_e.id)
+    assert (failed.status, failed.error["code"]) == ("failed", "model_unavailable")
+    assert Batch.objects.get(id=of_m.id).status == "in_progress"
+
+
+def decision_swap(decision) -> int:
+    return ModelSwap.objects.filter(worker=decision.worker, to_model=decision.model).get().id
+
+
+@pytestmark_db
+def test_a_transient_start_failure_is_tried_again_then_the_worker_gives_up(
+        multiplexing_runtime, settings, monkeypatch):
+    from inference import swap
+    from inference.swap import ModelSwapper
+
+    monkeypatch.setattr(swap, "START_RETRY_SECONDS", 0.01)
+    settings.BATCHGEN_ENGINE_ARGS = {"fail_start": {"e": "transient"}}
+    runtime = multiplexing_runtime
+    residency_join(worker=runtime.name)
+    swapper = ModelSwapper(runtime)
+
+    for _ in range(swap.START_TRIES - 1):
+        swapper.swap("e", None)  # failed, to be tried again: the worker holds nothing
+        assert runtime.engine is None and runtime.failed is None
+    assert Residency.objects.get(worker=runtime.name).cannot_start == {}
+    with pytest.raises(RuntimeError, match="fail its start"):
+        swapper.swap("e", None)  # the swapper thread then stops the worker, as before
+    swapper.swap("m", None)
+    assert runtime.config.served_model_name == "m" and swapper.start_failures == {"e": 3}
+
+
+# --- each swap shown as a task in Flower (residency.swap) -------------------------------------
+
+
+@pytestmark_db
+def test_each_swap_is_published_as_a_task_that_only_reads_it(
+        multiplexing_runtime, batch_in_progress, published):
+    from inference.swap import ModelSwapper
+    from inference.tasks import show_swap
+
+    runtime = multiplexing_runtime
+    residency_join(worker=runtime.name)
+    batch_in_progress(3, chunk_size=3)
+    [decision] = residency_decide()
+    swap_id = Residency.objects.get(worker=runtime.name).swap
+
+    ModelSwapper(runtime).swap(decision.model, swap_id)
+
+    # Then: one residency.swap message, sent once the swap was recorded ...
+    assert [args for name, args in published if name == "residency.swap"] == [(swap_id,)]
+    recorded = (list(ModelSwap.objects.values()), list(Residency.objects.values()))
+    assert recorded[0][0]["seconds"] is not None  # ... so never running it loses nothing
+    # ... whose body, run twice (a redelivery), reports the same and changes nothing
+    shown = {"worker": runtime.name, "from_model": "", "to_model": "m"}
+    first = show_swap.apply(args=(swap_id,), kwargs=shown).get()
+    assert show_swap.apply(args=(swap_id,), kwargs=shown).get() == first
+    assert (first["worker"], first["from"], first["to"], first["outcome"]) == (
+        runtime.name, "", "m", "done")
+    assert first["seconds"] >= 0 and first["hand_back_seconds"] >= 0 and first["error"] is None
+    assert (list(ModelSwap.objects.values()), list(Residency.objects.values())) == recorded
+    assert show_swap(swap_id + 1000) is None  # a swap whose decision was undone
