@@ -88,6 +88,15 @@ def outage_ended(dependency: str) -> bool:
     return True
 
 
+def noted_outage(error: BaseException) -> bool:
+    """Whether `error` is a dependency's outage; if so it is noted (said once, by
+    outage_began), so the caller waits for it instead of logging it."""
+    dependency = dependency_down(error)
+    if dependency is not None:
+        outage_began(dependency, error)
+    return dependency is not None
+
+
 def is_down(dependency: str) -> bool:
     return dependency in _down
 
@@ -116,13 +125,11 @@ class OutageTolerantTask(Task):
         try:
             return super().__call__(*args, **kwargs)
         except Exception as exc:
-            dependency = dependency_down(exc)
-            if dependency is None:
+            if not noted_outage(exc):
                 raise
-            outage_began(dependency, exc)
             if self.retry_in_outage:
                 self._retry_later(exc)
-            return f"skipped: the {dependency} is unreachable"
+            return f"skipped: the {dependency_down(exc)} is unreachable"
 
     def _retry_later(self, exc: Exception) -> None:
         from celery.exceptions import Retry

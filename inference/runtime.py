@@ -48,7 +48,7 @@ from batches.input_file import read_chunk
 from batches.usage import Usage
 from core.celery import inference_queue
 from core.errors import is_storage_full
-from core.outage import dependency_down, outage_began
+from core.outage import noted_outage
 from core.publishing import publish
 from core.termination import TERMINATION_LOG_ENV
 from files.incremental import append_lines, probe_room, scan_results
@@ -373,7 +373,7 @@ class InferenceRuntime:
         try:
             self.ledger.flush()
         except Exception as exc:
-            if not _outage(exc):
+            if not noted_outage(exc):
                 logger.exception("flushing chunk progress failed; it is kept for the next "
                                  "flush")
 
@@ -400,7 +400,7 @@ class InferenceRuntime:
         try:
             self._heartbeat_once()
         except Exception as exc:
-            if not _outage(exc):
+            if not noted_outage(exc):
                 logger.exception("heartbeat failed; retrying")
 
     # --- running a chunk ------------------------------------------------------------------
@@ -460,7 +460,7 @@ class InferenceRuntime:
             try:
                 return self.database.claim(chunk_id)
             except Exception as exc:
-                if not _outage(exc):
+                if not noted_outage(exc):
                     raise
             if self.draining.wait(CLAIM_RETRY_SECONDS) or self.failed is not None:
                 raise Reject("inference worker stopping", requeue=True)
@@ -738,15 +738,6 @@ def fits_host_memory(model_path: str) -> bool:
     weights = sum(path.stat().st_size for pattern in ("*.safetensors", "*.bin", "*.pt")
                   for path in folder.glob(pattern))
     return weights <= HOST_MEMORY_SHARE * psutil.virtual_memory().available
-
-
-def _outage(error: BaseException) -> bool:
-    """Whether `error` is a dependency's outage (said once by core.outage),
-    not a failure to log on its own."""
-    dependency = dependency_down(error)
-    if dependency is not None:
-        outage_began(dependency, error)
-    return dependency is not None
 
 
 _runtime: InferenceRuntime | None = None

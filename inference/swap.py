@@ -44,6 +44,7 @@ import time
 
 from django.utils import timezone
 
+from core.outage import noted_outage
 from core.publishing import publish
 from inference import residency
 from inference.engines import EngineConfigError
@@ -51,6 +52,7 @@ from inference.engines import EngineConfigError
 logger = logging.getLogger("batchgen.inference")
 
 POLL_SECONDS = 0.5  # how often the worker reads its assignment (one indexed read)
+OUTAGE_POLL_SECONDS = 1.0  # and while the database is away
 # Requests in flight at a swap finish within this, or are handed back: on a GPU most
 # finish in seconds; a CPU engine's long generations must not hold a waiting model.
 SWAP_DRAIN_SECONDS = 20.0
@@ -94,6 +96,11 @@ class ModelSwapper:
             except Exception as exc:
                 if self._stopped():
                     return
+                if noted_outage(exc):
+                    # The database (or broker) away: said once; the assignment is read
+                    # again when it answers, and a swap it interrupted is made again.
+                    runtime.draining.wait(OUTAGE_POLL_SECONDS)
+                    continue
                 runtime._engine_lost(exc, f"failed its swap to model {assigned and assigned[0]}")
                 return
             runtime.draining.wait(POLL_SECONDS)

@@ -3,6 +3,7 @@ function, and the decider on the database (one decision per worker per epoch).""
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 import pytest
@@ -228,6 +229,48 @@ def test_a_swap_hands_the_running_chunk_back_and_loads_the_new_model(
         runtime.run_chunk(chunk.id, "inference.m")
     chunk.refresh_from_db()
     assert chunk.status == ChunkStatus.QUEUED and chunk.attempts == 1
+
+
+@pytestmark_db
+def test_a_database_outage_pauses_the_swapper_and_it_swaps_once_the_database_answers(
+        multiplexing_runtime, batch_in_progress, monkeypatch, caplog):
+    """The swapper reads its assignment through an outage: said once, the worker
+    stays up (before, the first failed read took the worker down)."""
+    from django.db import OperationalError
+
+    from core import outage
+    from inference import residency, swap
+
+    monkeypatch.setattr(outage, "_down", {})
+    monkeypatch.setattr(swap, "OUTAGE_POLL_SECONDS", 0.05)
+    real = residency.residency_assigned
+    refused = OperationalError('connection failed: connection to server at "127.0.0.1", '
+                               "port 5432 failed: Connection refused")
+    down = {"reads": 0, "until": 5}
+
+    def assigned(**kwargs):
+        down["reads"] += 1
+        if down["reads"] <= down["until"]:
+            raise refused
+        return real(**kwargs)
+
+    monkeypatch.setattr(residency, "residency_assigned", assigned)
+    runtime = multiplexing_runtime
+
+    # When: the swapper starts while the database refuses connections, then answers
+    with caplog.at_level(logging.WARNING, logger="batchgen"):
+        runtime.start_swapper()
+        wait_for(lambda: down["reads"] > down["until"])
+        wait_for(lambda: Residency.objects.filter(worker="mux-worker").exists())
+        batch_in_progress(3, chunk_size=3)
+        [decision] = residency_decide()
+        wait_for(lambda: runtime.config.served_model_name == decision.model)
+
+    # Then: one WARNING for the outage, the worker never failed, and it swapped
+    assert runtime.failed is None
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno >= logging.WARNING and r.name.startswith("batchgen")]
+    assert len(warnings) == 1 and "database outage" in warnings[0], warnings
 
 
 def wait_for(predicate, timeout: float = 30.0) -> None:
