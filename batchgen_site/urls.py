@@ -10,12 +10,13 @@ from batches.views import (
     BatchLineErrorsView,
     BatchListCreateView,
     BatchOutputView,
+    PoolStatusView,
 )
 from batchgen_site.admin_dashboard import pool_dashboard
 from batchgen_site.health import HealthView
 from batchgen_site.metrics import metrics_view
 from files.views import FileContentView, FileDetailView, FileListCreateView
-from inference.views import ModelDetailView, ModelListView, PoolStatusView
+from fleet.views import ModelDetailView, ModelListView
 from webhooks.views import (
     EndpointDetailView,
     EndpointListCreateView,

@@ -1,4 +1,4 @@
-"""Model multiplexing's scheduler (inference/residency.py): the policy as a pure
+"""Model multiplexing's scheduler (fleet/residency.py, batches/residency.py): the policy as a pure
 function, and the decider on the database (one decision per worker per epoch)."""
 
 from __future__ import annotations
@@ -10,15 +10,10 @@ import pytest
 from django.utils import timezone
 
 from batches.models import Chunk
-from inference.models import ModelSwap, Residency, Worker
-from inference.residency import (
-    ModelDemand,
-    Reason,
-    WorkerState,
-    plan,
-    residency_decide,
-    residency_join,
-)
+from batches.residency import residency_decide
+from fleet.models import ModelSwap, Residency, Worker
+from fleet.residency import ModelDemand, Reason, WorkerState, plan
+from fleet.services import residency_join
 
 POLICY = {"stretch": 300.0, "max_wait": 900.0, "swap_seconds": 40.0}
 
@@ -152,7 +147,8 @@ def test_the_decider_assigns_once_and_a_second_turn_changes_nothing(
 def test_a_decision_on_a_stale_epoch_is_not_written(batch_in_progress):
     """Two deciders that both read epoch 0: the second one's UPDATE finds epoch 1 and
     writes nothing (and leaves no swap behind)."""
-    from inference.residency import Decision, _write
+    from batches.residency import _write
+    from fleet.residency import Decision
 
     live_worker("w1")
     residency_join(worker="w1")
@@ -239,7 +235,8 @@ def test_a_database_outage_pauses_the_swapper_and_it_swaps_once_the_database_ans
     from django.db import OperationalError
 
     from core import outage
-    from inference import residency, swap
+    from fleet import services as residency
+    from inference import swap
 
     monkeypatch.setattr(outage, "_down", {})
     monkeypatch.setattr(swap, "OUTAGE_POLL_SECONDS", 0.05)
@@ -285,7 +282,7 @@ def wait_for(predicate, timeout: float = 30.0) -> None:
 @pytestmark_db
 def test_models_and_pool_status_show_residency_swaps_and_the_wait(
         api, two_models, batch_in_progress):
-    from inference.selectors import pool_status
+    from batches.selectors import pool_status
 
     # Given: "m" resident on w1 after a swap from "e" that took 5 s, and a batch of "e"
     # whose model is now resident nowhere
@@ -451,7 +448,7 @@ def test_the_queue_switch_follows_the_model_a_multiplexing_worker_holds():
 @pytestmark_db
 def test_a_model_taken_off_a_worker_waits_from_then_not_from_its_batch_start(
         two_models, batch_in_progress):
-    from inference.residency import model_demand
+    from batches.residency import model_demand
 
     batch = batch_in_progress(3, chunk_size=3)
     Chunk.objects.filter(batch=batch).update(model="e")
@@ -511,7 +508,7 @@ def test_a_model_that_cannot_start_leaves_the_worker_serving_the_others(
     row = Residency.objects.get(worker="mux-worker")
     assert "refuse its settings" in row.cannot_start["e"] and row.model == ""
     assert ModelSwap.objects.get(id=decision_swap(decision)).error == row.cannot_start["e"]
-    from inference.residency import swap_outcome
+    from fleet.selectors import swap_outcome
 
     assert swap_outcome(decision_swap(decision))["outcome"] == "failed"  # as Flower shows it
     assert runtime.failed is None and runtime.exit_code() is None
@@ -572,7 +569,7 @@ def test_a_transient_start_failure_is_tried_again_then_the_worker_gives_up(
 def test_each_swap_is_published_as_a_task_that_only_reads_it(
         multiplexing_runtime, batch_in_progress, published):
     from inference.swap import ModelSwapper
-    from inference.tasks import show_swap
+    from fleet.tasks import show_swap
 
     runtime = multiplexing_runtime
     residency_join(worker=runtime.name)

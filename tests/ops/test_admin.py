@@ -402,7 +402,7 @@ def test_worker_list_shows_liveness_slots_and_counts(admin_client, worker_row):
 
 def test_pool_dashboard_shows_pool_figures_workers_and_active_batches(admin_client, make_batch,
                                                                       worker_row, run_chunk):
-    from inference.selectors import pool_status
+    from batches.selectors import pool_status
 
     worker_row("host-a:1:1", slots_active=7, slots_capacity=32, tokens_active=300,
                token_budget=1200)
