@@ -55,6 +55,10 @@ urlpatterns = [
     re_path(r"^admin/batchgen_site/(?P<rest>.*)$",
             RedirectView.as_view(url="/admin/core/%(rest)s", permanent=True,
                                  query_string=True)),
+    # The workers' page moved with the fleet's records from inference to fleet (issue 33).
+    re_path(r"^admin/inference/(?P<rest>.*)$",
+            RedirectView.as_view(url="/admin/fleet/%(rest)s", permanent=True,
+                                 query_string=True)),
     path("admin/", admin.site.urls),
     # The admin's CSS and JS, found in the installed apps: a handful of small files for
     # a few operators, so no collectstatic step or separate static server is needed.
