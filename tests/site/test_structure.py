@@ -126,6 +126,24 @@ def test_an_import_against_the_layers_is_found_however_it_is_written(tmp_path):
     assert against_the_layers(client, tmp_path) == ["batchgen/probe.py:1 imports core.errors"]
 
 
+def test_the_fleet_sits_below_the_batch_machinery_and_above_serving(tmp_path):
+    # batches reads the fleet's records plainly; the fleet, asked by batches, never
+    # asks it back (nor the worker), lazily or not.
+    fleet = tmp_path / "fleet" / "probe.py"
+    fleet.parent.mkdir()
+    fleet.write_text("from serving.model_info import served_models\n"
+                     "def late():\n"
+                     "    from batches.models import Chunk\n"
+                     "    import inference.runtime\n")
+    batches = tmp_path / "batches" / "probe.py"
+    batches.parent.mkdir()
+    batches.write_text("from fleet import selectors\nfrom fleet.models import Worker\n")
+
+    assert against_the_layers(fleet, tmp_path) == [
+        "fleet/probe.py:3 imports batches.models", "fleet/probe.py:4 imports inference.runtime"]
+    assert against_the_layers(batches, tmp_path) == []
+
+
 def test_only_tasks_modules_import_tasks():
     offenders = sorted(
         f"{path.relative_to(ROOT)}:{line}"
