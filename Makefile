@@ -31,7 +31,7 @@ test: install model browser
 	rc=0; $(PY) -m tests.services postgresql || rc=$$?; \
 	if [ $$rc = 0 ]; then \
 	  DATABASE_URL=$(TEST_POSTGRES_URL) $(PY) -m pytest -m "not e2e and not vllm" $(XDIST) \
-	    -p no:cacheprovider tests/files tests/batches tests/inference tests/site tests/corpus tests/ops tests/webhooks \
+	    -p no:cacheprovider tests/files tests/fleet_records tests/batches tests/inference tests/site tests/corpus tests/ops tests/webhooks \
 	    $(PYTEST_ARGS); \
 	elif [ $$rc != 2 ]; then exit $$rc; fi
 

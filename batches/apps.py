@@ -6,8 +6,5 @@ class BatchesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from batches.selectors import file_in_active_use
-        from files import services
-
-        # Deleting a file asks whether an active batch uses it.
-        services.in_active_use = file_in_active_use
+        # Deleting a file asks whether an active batch uses it (files.signals).
+        from batches import receivers  # noqa: F401 - connects them

@@ -27,6 +27,7 @@ from batches.dispatch import chunk_model
 from batches.models import Batch, BatchStatus, Chunk
 from batches.services import batch_fail
 from core.transient import retry_transient
+from fleet import selectors as fleet_selectors
 
 logger = logging.getLogger("batchgen.batches")
 
@@ -50,13 +51,8 @@ def _failed_message(models: list[str]) -> str:
             "so far are kept. The server's log and /health say why the model does not run.")
 
 
-# The served models that have no inference worker with its engine ready: the inference
-# app's business, so it sets this at start-up (batches never imports it).
-unavailable_source: Callable[[], list[str]] = list
-# Where workers multiplex (inference/residency.py): the served models resident on no
-# worker now. Their batches wait for the scheduler, within its bound, and never fail
-# for it.
-not_resident_source: Callable[[], list[str]] = list
+# Where workers multiplex (fleet/residency.py), a batch whose model is resident on no
+# worker now waits for the scheduler, within its bound, and never fails for it.
 NOT_RESIDENT = "model_not_resident"
 
 
@@ -71,7 +67,7 @@ def batches_waiting_for_models(source: Callable[[], list[str]] | None = None
                                ) -> dict[str, list[str]]:
     """Running batches with open chunks of a model that has no ready worker (or, with
     `source`, of the models it names): batch id -> those models."""
-    unavailable = (source or unavailable_source)()
+    unavailable = (source or fleet_selectors.models_without_ready_worker)()
     if not unavailable:
         return {}
     names = set(unavailable) | {""}  # blank: chunks of the default model
@@ -87,7 +83,7 @@ def batches_waiting_for_models(source: Callable[[], list[str]] | None = None
 def _show_not_resident() -> None:
     """Say on each running batch that waits for its model to be loaded that it does,
     and clear it once the model is resident (or the batch waits for nothing)."""
-    waiting = batches_waiting_for_models(not_resident_source)
+    waiting = batches_waiting_for_models(fleet_selectors.models_not_resident)
     Batch.objects.filter(status=BatchStatus.IN_PROGRESS, error__code=NOT_RESIDENT).exclude(
         id__in=list(waiting)).update(error=None)
     for batch_id, models in waiting.items():

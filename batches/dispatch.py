@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable
 from functools import partial
 
 from django.db import transaction
@@ -41,24 +40,16 @@ from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, ControlLock
 from core.celery import QueueName, inference_queue
 from core.publishing import Message, publish, publisher
 from core.transient import retry_transient
+from fleet import selectors as fleet_selectors
 from serving.model_info import served_models
 
 MIN_WINDOW = 4
 
 
-def _no_workers_known(model: str) -> int:
-    return MIN_WINDOW
-
-
-# How many chunks one model's live workers' chunk threads can hold: the inference
-# app's business (its Worker rows), so it sets this at start-up (batches never
-# imports it).
-window_source: Callable[[str], int] = _no_workers_known
-
-
 def dispatch_window(model: str) -> int:
-    """Chunks of `model` to keep dispatched but unclaimed."""
-    return max(MIN_WINDOW, window_source(model))
+    """Chunks of `model` to keep dispatched but unclaimed: what its live workers'
+    chunk threads can hold (the fleet's Worker rows), never below MIN_WINDOW."""
+    return max(MIN_WINDOW, fleet_selectors.dispatch_window(model))
 
 
 def served_model_ids() -> list[str]:

@@ -4,7 +4,6 @@ periodically by the control worker and by `manage.py recover`."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -20,6 +19,7 @@ from core.outage import BROKER, dependency_down, outage_began, outage_ended
 from core.transient import retry_transient
 from files import storage
 from files.incremental import repair_tail
+from fleet import selectors as fleet_selectors
 
 logger = logging.getLogger("batchgen.batches")
 
@@ -112,9 +112,6 @@ def validation_restart(*, batch_id: str) -> bool:
 
 # A dispatched chunk still unclaimed this long after its publish may have been lost.
 LOST_AFTER = timedelta(seconds=30)
-# The chunks the live inference workers say they hold, prefetched ones included: the
-# inference app's business, so it sets this at start-up (batches never imports it).
-held_source: Callable[[], set[int]] = set
 
 
 def inference_queue_length(model: str) -> int | None:
@@ -155,7 +152,7 @@ def chunks_lost_by_broker(already: list) -> list:
             status=ChunkStatus.QUEUED, published_at__lt=timezone.now() - LOST_AFTER,
     ).exclude(id__in=ids).values_list("batch_id", "id", "index", "model"):
         if held is None:  # read only when some chunk waits long enough to ask
-            held = held_source()
+            held = fleet_selectors.chunks_held_by_live_workers()
         if chunk_id not in held:
             by_model.setdefault(chunk_model(model), []).append((batch_id, chunk_id, index))
     lost = []

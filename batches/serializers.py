@@ -262,3 +262,56 @@ class BatchOutputSerializer(serializers.ModelSerializer):
 
 
 BatchListSerializer = list_envelope_serializer("BatchList", BatchOutputSerializer)
+
+
+# --- /v1/pool/status ------------------------------------------------------------------------
+
+
+class ModelPoolStatusSerializer(serializers.Serializer):
+    model = serializers.CharField()
+    workers = serializers.IntegerField(help_text="live inference workers holding it")
+    requests_waiting = serializers.IntegerField(
+        help_text="requests of its chunks admitted and not yet claimed by a worker")
+    scheduling_pool_active = serializers.IntegerField()
+    scheduling_pool_free = serializers.IntegerField()
+    scheduling_pool_capacity = serializers.IntegerField()
+    scheduling_pool_tokens_active = serializers.IntegerField()
+    scheduling_pool_token_budget = serializers.IntegerField(allow_null=True)
+    resident_on = serializers.ListField(
+        child=serializers.CharField(), help_text="the live workers it is resident on (with "
+        "multiplexing, those the residency scheduler gave it, loaded or loading)")
+    waiting_seconds = serializers.FloatField(
+        allow_null=True, help_text="multiplexing: how long its open requests have waited "
+        "for a worker while it is resident nowhere; null while resident or without work")
+
+
+class MultiplexingSerializer(serializers.Serializer):
+    workers = serializers.IntegerField(help_text="live workers that multiplex")
+    swaps = serializers.IntegerField(help_text="swaps decided from one model to another")
+    swaps_done = serializers.IntegerField(help_text="of them, those the worker finished")
+    loads = serializers.IntegerField(help_text="first models loaded by a worker")
+    swap_seconds = serializers.FloatField(help_text="seconds spent stopping and starting "
+                                          "engines, over every swap and load")
+    swap_hand_back_seconds = serializers.FloatField(
+        help_text="seconds spent handing chunks back before the engines stopped")
+
+
+class PoolStatusSerializer(serializers.Serializer):
+    """The top-level figures are the totals over every model; `models` splits them."""
+
+    intake_pool_size = serializers.IntegerField()
+    intake_pool_capacity = serializers.IntegerField()
+    scheduling_pool_active = serializers.IntegerField()
+    scheduling_pool_free = serializers.IntegerField()
+    scheduling_pool_capacity = serializers.IntegerField()
+    active_batches = serializers.IntegerField()
+    pool_mode = serializers.BooleanField()
+    scheduling_pool_tokens_active = serializers.IntegerField()
+    scheduling_pool_token_budget = serializers.IntegerField(allow_null=True)
+    storage_error = serializers.CharField(
+        allow_null=True, help_text="Why workers cannot write results now (the storage "
+        "volume full), or null. Their batches wait and resume once there is room.")
+    models = ModelPoolStatusSerializer(many=True)
+    multiplexing = MultiplexingSerializer(
+        allow_null=True, help_text="model multiplexing's figures; null while no worker "
+        "multiplexes")

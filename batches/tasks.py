@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from batches import availability, dispatch, recovery, services
+from batches import availability, dispatch, recovery, residency, services
 
 
 # Validation streams the whole input once: a million lines take seconds, a 10 GiB
@@ -45,3 +45,12 @@ def dispatch_chunks() -> int:
 @shared_task(name="batches.watch_models", time_limit=60)
 def watch_models() -> int:
     return availability.batches_watch_models()
+
+
+# The residency scheduler's turn (batches/residency.py): on the control queue (its
+# name is routed there, core/celery.py), every second from the beat. A turn
+# that finds another deciding skips; the next one sees what it decided.
+@shared_task(name="residency.decide", expires=5)
+def decide_residency() -> str:
+    decisions = residency.residency_decide()
+    return "; ".join(f"{d.worker} -> {d.model} ({d.reason})" for d in decisions) or "no change"

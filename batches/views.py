@@ -15,6 +15,7 @@ from batches.serializers import (
     BatchListSerializer,
     BatchOutputInputSerializer,
     BatchOutputSerializer,
+    PoolStatusSerializer,
 )
 from core.auth import request_owner
 from core.errors import BatchGenError, checked_id, error_responses
@@ -122,3 +123,9 @@ class BatchLineErrorsView(APIView):
         params.is_valid(raise_exception=True)
         return Response(selectors.batch_line_errors(batch=batch, **params.validated_data))
 
+
+class PoolStatusView(APIView):
+    @extend_schema(responses={200: PoolStatusSerializer, **error_responses(401)},
+                   operation_id="pool_status")
+    def get(self, request):
+        return Response(represent(PoolStatusSerializer, selectors.pool_status_cached()))

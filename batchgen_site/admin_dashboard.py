@@ -11,7 +11,8 @@ from django.utils import timezone
 from batches.admin import batch_progress, progress_bar, status_badge, throughput_label
 from batches.admin import duration_label as eta_label
 from batches.models import ACTIVE_STATUSES, Batch
-from inference.selectors import live_workers, pool_status
+from batches.selectors import pool_status
+from fleet.selectors import live_workers
 
 REFRESH_SECONDS = 5
 ACTIVE_BATCHES_SHOWN = 50

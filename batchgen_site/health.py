@@ -33,7 +33,7 @@ def health_problem() -> str | None:
             conn.ensure_connection(max_retries=1, timeout=2)
     except Exception as exc:
         return f"broker unreachable: {_first_line(exc)}"
-    from inference.selectors import (
+    from fleet.selectors import (
         live_workers,
         models_that_cannot_start,
         models_without_ready_worker,

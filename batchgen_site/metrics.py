@@ -41,7 +41,7 @@ class BatchGenCollector(Collector):
         yield from self._keys()
 
     def _pool(self):
-        from inference.selectors import pool_status
+        from batches.selectors import pool_status
 
         pool = pool_status()
         for key, help_text in [
@@ -97,8 +97,8 @@ class BatchGenCollector(Collector):
         yield chunks
 
     def _workers(self):
-        from inference.models import Worker
-        from inference.selectors import live_workers
+        from fleet.models import Worker
+        from fleet.selectors import live_workers
 
         totals = Worker.objects.aggregate(tokens=Sum("tokens_generated"))
         yield CounterMetricFamily("batchgen_tokens_generated",
@@ -154,9 +154,9 @@ class BatchGenCollector(Collector):
         yield from families.values()
 
     def _residency(self):
-        """Model multiplexing (inference/residency.py): absent while no worker does."""
-        from inference.models import ModelSwap, Residency
-        from inference.selectors import residency_figures
+        """Model multiplexing (fleet/residency.py): absent while no worker does."""
+        from batches.selectors import residency_figures
+        from fleet.models import ModelSwap, Residency
 
         if not Residency.objects.exists() and not ModelSwap.objects.exists():
             return

@@ -74,6 +74,7 @@ INSTALLED_APPS = [
     "core.apps.CoreConfig",
     "batchgen_site.apps.BatchgenSiteConfig",
     "files",
+    "fleet",
     "batches",
     "inference",
     "webhooks.apps.WebhooksConfig",

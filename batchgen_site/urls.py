@@ -10,12 +10,13 @@ from batches.views import (
     BatchLineErrorsView,
     BatchListCreateView,
     BatchOutputView,
+    PoolStatusView,
 )
 from batchgen_site.admin_dashboard import pool_dashboard
 from batchgen_site.health import HealthView
 from batchgen_site.metrics import metrics_view
 from files.views import FileContentView, FileDetailView, FileListCreateView
-from inference.views import ModelDetailView, ModelListView, PoolStatusView
+from fleet.views import ModelDetailView, ModelListView
 from webhooks.views import (
     EndpointDetailView,
     EndpointListCreateView,
@@ -53,6 +54,10 @@ urlpatterns = [
     # operator's bookmark of their admin pages still lands, with its filters.
     re_path(r"^admin/batchgen_site/(?P<rest>.*)$",
             RedirectView.as_view(url="/admin/core/%(rest)s", permanent=True,
+                                 query_string=True)),
+    # The workers' page moved with the fleet's records from inference to fleet (issue 33).
+    re_path(r"^admin/inference/(?P<rest>.*)$",
+            RedirectView.as_view(url="/admin/fleet/%(rest)s", permanent=True,
                                  query_string=True)),
     path("admin/", admin.site.urls),
     # The admin's CSS and JS, found in the installed apps: a handful of small files for

@@ -4,7 +4,7 @@ ideal (the same work with swaps that cost nothing: W workers busy until the end)
 Each layout's first loads are left out of all three (every layout pays them once).
 
 This is a simulation of the workers, not a run of real processes: the decisions are
-made by the real policy (`inference.residency.plan`, the function the control worker
+made by the real policy (`fleet.residency.plan`, the function the control worker
 runs every second), ticking once a second, while each worker runs `--rate` requests a
 second of the model it holds and a swap costs `--swap-seconds` (stop + start, no
 request runs meanwhile). Every batch is submitted at the start, each model's queue
@@ -37,7 +37,7 @@ def _plan():
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batchgen_site.settings")
     django.setup()
-    from inference import residency
+    from fleet import residency
 
     return residency
 

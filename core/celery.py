@@ -86,7 +86,7 @@ app.conf.beat_schedule = {
     # Two reads a tick while every model runs.
     "watch-models": {"task": "batches.watch_models", "schedule": 10.0},
     # Model multiplexing: which model each multiplexing worker holds. One read a tick
-    # while no worker multiplexes (inference/residency.py).
+    # while no worker multiplexes (batches/residency.py).
     "decide-residency": {"task": "residency.decide", "schedule": 1.0,
                          "options": {"expires": 5}},
     "purge-expired-files": {"task": "files.purge_expired_files", "schedule": 3600.0},
@@ -95,4 +95,4 @@ app.conf.beat_schedule = {
     "send-webhooks": {"task": "webhooks.sweep_deliveries", "schedule": WEBHOOK_SWEEP_SECONDS,
                       "options": {"expires": WEBHOOK_SWEEP_SECONDS}},
 }
-app.autodiscover_tasks(["batches", "files", "inference", "webhooks"])
+app.autodiscover_tasks(["batches", "files", "fleet", "inference", "webhooks"])

@@ -247,7 +247,7 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
     Setting("--inference-workers", "BATCHGEN_INFERENCE_WORKERS", "1",
             "inference workers started here, one engine each (0: none, they run on GPU hosts)",
             kind=int, minimum=0),
-    # Model multiplexing (inference/residency.py, docs/models.md): workers not pinned
+    # Model multiplexing (fleet/residency.py, docs/models.md): workers not pinned
     # to a model; one scheduler decides which model each holds. Off by default: the
     # fixed layout (each model its own workers) never swaps.
     Setting("--multiplex", "BATCHGEN_MULTIPLEX", "false",

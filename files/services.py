@@ -6,7 +6,6 @@ import logging
 import os
 import re
 import unicodedata
-from collections.abc import Callable
 from datetime import timedelta
 
 from django.conf import settings
@@ -17,20 +16,12 @@ from core.errors import BatchGenError, Conflict, NotFound
 from core.ids import new_id
 from files import storage
 from files.models import File, FilePurpose, FileStatus
+from files.signals import file_in_use
 from files.upload import StreamedUpload
 
 logger = logging.getLogger(__name__)
 
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def _no_batches_known(*, file_id: str) -> bool:
-    return False
-
-
-# Whether an active batch reads or writes a file: the batches app's business, so it
-# sets this at start-up (files never imports batches).
-in_active_use: Callable[..., bool] = _no_batches_known
 
 
 def sanitize_filename(name: str | None) -> str:
@@ -134,7 +125,7 @@ def file_delete(*, file: File) -> None:
     with transaction.atomic():
         if file_lock(file_id=file.id) is None:
             raise NotFound(f"No such file: {file.id}", param="file_id")
-        if in_active_use(file_id=file.id):
+        if file_in_use(file_id=file.id):  # asks the batches app (files.signals)
             raise Conflict(
                 f"File {file.id} is used by an active batch; cancel or wait for it first.",
                 param="file_id", code="file_in_use",

@@ -19,7 +19,8 @@ from batches import chunks
 from batches.chunks import ChunkWork, Counts, FlushResult
 from batches.services import batch_storage_full, batch_storage_resumed
 from batches.usage import Usage
-from inference import services
+from fleet.services import worker_heartbeat, worker_stopped
+from inference.services import worker_reap_host
 
 logger = logging.getLogger("batchgen.inference")
 
@@ -66,13 +67,13 @@ class WorkerDatabase:
     # --- this worker's own row ------------------------------------------------------------
 
     def heartbeat(self, **figures) -> None:
-        self._run(services.worker_heartbeat, name=self.worker, **figures)
+        self._run(worker_heartbeat, name=self.worker, **figures)
 
     def stopped(self) -> None:
-        self._run(services.worker_stopped, name=self.worker)
+        self._run(worker_stopped, name=self.worker)
 
     def reap_host(self, *, hostname: str, pid_alive) -> int:
-        return self._run(services.worker_reap_host, hostname=hostname, current=self.worker,
+        return self._run(worker_reap_host, hostname=hostname, current=self.worker,
                          pid_alive=pid_alive)
 
     def call(self, fn, **kwargs):

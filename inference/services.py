@@ -1,6 +1,6 @@
-"""Worker heartbeats and reaping: the database side of the SchedulingPool's
-membership. The chunk accounting the workers do lives with the Chunk model
-(batches.chunks); this app depends on it, never the reverse."""
+"""Reaping dead workers at start-up: their Worker rows (fleet) and their chunks'
+leases (batches.chunks) in one transaction. A worker's heartbeat, its own row, is
+fleet.services.worker_heartbeat."""
 
 from __future__ import annotations
 
@@ -12,34 +12,9 @@ from django.utils import timezone
 
 from batches.chunks import chunks_expire_leases
 from core.transient import retry_transient
-from inference.models import Worker
+from fleet.models import Worker
 
 logger = logging.getLogger("batchgen.inference")
-
-
-@retry_transient
-def worker_heartbeat(*, name: str, hostname: str, engine: str, model: str, capacity: int,
-                     active: int, tokens_active: int, token_budget: int | None, ready: bool,
-                     completed: int, failed: int, tokens: int, storage_error: str = "",
-                     held_chunks: list[int] | None = None) -> None:
-    """Record a worker's liveness, slots and counters, and the chunks it holds (its
-    own row only)."""
-    Worker.objects.update_or_create(
-        name=name,
-        defaults={"hostname": hostname, "pid": os.getpid(), "engine": engine, "model": model,
-                  "slots_capacity": capacity, "slots_active": active, "ready": ready,
-                  "tokens_active": tokens_active, "token_budget": token_budget,
-                  "requests_completed": completed, "requests_failed": failed,
-                  "tokens_generated": tokens, "storage_error": storage_error,
-                  "held_chunks": sorted(held_chunks or ()),
-                  "heartbeat_at": timezone.now(), "stopped_at": None},
-    )
-
-
-@retry_transient
-def worker_stopped(*, name: str) -> None:
-    Worker.objects.filter(name=name).update(stopped_at=timezone.now(), slots_active=0,
-                                            ready=False, storage_error="")
 
 
 @retry_transient

@@ -1,5 +1,5 @@
 """A multiplexing inference worker's side of model residency: it holds the model the
-scheduler (inference/residency.py) gives it, and swaps when told.
+scheduler (batches/residency.py) gives it, and swaps when told.
 
 The swap, on this worker's swapper thread:
 
@@ -46,7 +46,7 @@ from django.utils import timezone
 
 from core.outage import noted_outage
 from core.publishing import publish
-from inference import residency
+from fleet import services as residency
 from inference.engines import EngineConfigError
 
 logger = logging.getLogger("batchgen.inference")

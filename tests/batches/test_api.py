@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
 from files.models import File, FilePurpose
-from inference.models import Worker
+from fleet.models import Worker
 from serving.model_info import served_model
 from tests.conftest import chat_line, jsonl
 from tests.files.test_api import assert_envelope
@@ -470,7 +470,7 @@ def test_pool_status_has_every_field_and_counts_what_is_queued(api, running_batc
             "scheduling_pool_tokens_active": 700, "scheduling_pool_token_budget": 4096,
             "resident_on": ["w1"], "waiting_seconds": None,
         }],
-        "multiplexing": None,  # no worker multiplexes (inference/residency.py)
+        "multiplexing": None,  # no worker multiplexes (fleet/residency.py)
     }
 
 

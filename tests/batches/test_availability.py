@@ -13,7 +13,7 @@ from batches import availability, services
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
 from batches.serializers import BatchOutputSerializer
 from files.models import File
-from inference.models import Worker
+from fleet.models import Worker
 
 pytestmark = pytest.mark.django_db
 

@@ -52,7 +52,7 @@ def test_a_key_of_weight_two_gets_twice_the_requests_of_a_key_with_two_batches(
     b, raw_b = apikey_create(name="team-b")
     batch_a = keyed(raw_a, a, 40)
     b1, b2 = keyed(raw_b, b, 40), keyed(raw_b, b, 40)
-    monkeypatch.setattr(dispatch, "window_source", lambda model: 30)
+    monkeypatch.setattr("fleet.selectors.dispatch_window", lambda model: 30)
 
     assert dispatch.dispatch() == 30
 
@@ -68,7 +68,7 @@ def test_a_weight_changed_in_the_admin_applies_at_the_next_dispatch(keyed, monke
     batch_a, batch_b = keyed(raw_a, a, 40), keyed(raw_b, b, 40)
     a.weight = 3
     a.save()
-    monkeypatch.setattr(dispatch, "window_source", lambda model: 20)
+    monkeypatch.setattr("fleet.selectors.dispatch_window", lambda model: 20)
 
     dispatch.dispatch()
 

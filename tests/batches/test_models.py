@@ -12,7 +12,7 @@ from batches import services
 from batches.dispatch import MIN_WINDOW, dispatch
 from batches.models import Chunk, ChunkStatus
 from batches.validation import validate_file
-from inference.models import Worker
+from fleet.models import Worker
 from tests.conftest import chat_line, jsonl
 
 pytestmark = pytest.mark.django_db

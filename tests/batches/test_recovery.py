@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from batches import recovery
 from batches.models import Chunk
-from inference import services as worker_services
+from fleet import services as worker_services
 from tests.batches.test_services import run_chunks
 
 pytestmark = pytest.mark.django_db
@@ -42,7 +42,7 @@ def heartbeat(name: str, held: list[int], *, ago: float = 0) -> None:
         active=16, tokens_active=0, token_budget=None, ready=True, completed=0, failed=0,
         tokens=0, held_chunks=held)
     if ago:
-        from inference.models import Worker
+        from fleet.models import Worker
 
         Worker.objects.filter(name=name).update(
             heartbeat_at=timezone.now() - timedelta(seconds=ago))

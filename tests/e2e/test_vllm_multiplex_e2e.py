@@ -4,7 +4,7 @@ it and the bundled embedding model by turns.
 
 Three batches are submitted together: chat on the base model, chat on the adapter,
 and embeddings. The policy's promise with one worker and every batch submitted at
-once (inference/residency.py): each base model with work is resident once, so two
+once (fleet/residency.py): each base model with work is resident once, so two
 models mean one load and one swap (the adapter rides on its base model's engine).
 What must hold: all three complete, each custom_id once, exactly that many swaps."""
 

@@ -11,7 +11,7 @@ from celery.worker import state
 from django.db import OperationalError
 
 from core import outage
-from inference.models import Worker
+from fleet.models import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,5 +1,7 @@
-"""Model multiplexing's scheduler (inference/residency.py): the policy as a pure
-function, and the decider on the database (one decision per worker per epoch)."""
+"""Model multiplexing on the database and on a worker: the decider
+(batches/residency.py: one decision per worker per epoch), the worker's swap
+(inference/swap.py) and what the figures show. The policy itself, a pure function, is
+tested in tests/fleet_records/test_residency_plan.py."""
 
 from __future__ import annotations
 
@@ -10,115 +12,10 @@ import pytest
 from django.utils import timezone
 
 from batches.models import Chunk
-from inference.models import ModelSwap, Residency, Worker
-from inference.residency import (
-    ModelDemand,
-    Reason,
-    WorkerState,
-    plan,
-    residency_decide,
-    residency_join,
-)
-
-POLICY = {"stretch": 300.0, "max_wait": 900.0, "swap_seconds": 40.0}
-
-
-def worker(name: str, model: str = "", since: float = 0.0, settled: bool = True,
-           cannot: frozenset[str] = frozenset()) -> WorkerState:
-    return WorkerState(name, model, since, settled, cannot)
-
-
-def demand(model: str, requests: int, waiting_since: float = 0.0) -> ModelDemand:
-    return ModelDemand(model, requests, waiting_since)
-
-
-def test_an_idle_worker_takes_the_model_that_has_waited_longest():
-    decisions = plan([worker("w1")], [demand("b", 10, 50.0), demand("a", 10, 20.0)],
-                     now=100.0, **POLICY)
-    assert [(d.worker, d.model, d.reason) for d in decisions] == [("w1", "a", Reason.IDLE)]
-
-
-def test_a_resident_model_keeps_its_worker_within_its_stretch():
-    decisions = plan([worker("w1", "a", since=0.0)], [demand("a", 10), demand("b", 10, 10.0)],
-                     now=200.0, **POLICY)
-    assert decisions == []
-
-
-def test_a_waiting_model_takes_the_worker_once_the_stretch_ends():
-    workers, work = [worker("w1", "a", since=0.0)], [demand("a", 10), demand("b", 10, 10.0)]
-    decisions = plan(workers, work, now=301.0, **{**POLICY, "swap_seconds": 5.0})
-    assert [(d.model, d.reason) for d in decisions] == [("b", Reason.STRETCH)]
-    # a stretch lasts at least ten swaps' time: with 40 s swaps, 400 s
-    assert plan(workers, work, now=399.0, **POLICY) == []
-    assert plan(workers, work, now=400.0, **POLICY)[0].reason == Reason.STRETCH
-
-
-def test_the_wait_bound_preempts_within_the_stretch_allowing_for_the_swap():
-    # b has waited max_wait - swap_seconds: a swap now makes it resident within the bound
-    policy = {**POLICY, "stretch": 10_000.0}
-    workers = [worker("w1", "a", since=0.0)]
-    assert plan(workers, [demand("a", 10), demand("b", 5, 0.0)], now=859.0, **policy) == []
-    decisions = plan(workers, [demand("a", 10), demand("b", 5, 0.0)], now=860.0, **policy)
-    assert [(d.model, d.reason) for d in decisions] == [("b", Reason.DEADLINE)]
-
-
-def test_a_worker_that_is_still_swapping_is_not_taken():
-    decisions = plan([worker("w1", "a", since=0.0, settled=False)],
-                     [demand("a", 10), demand("b", 5, 0.0)], now=5000.0, **POLICY)
-    assert decisions == []
-
-
-def test_preemption_takes_a_worker_whose_model_another_worker_also_holds():
-    workers = [worker("w1", "a", since=0.0), worker("w2", "b", since=10.0),
-               worker("w3", "b", since=20.0)]
-    decisions = plan(workers, [demand("a", 10), demand("b", 10), demand("c", 5, 0.0)],
-                     now=1000.0, **POLICY)
-    assert [(d.worker, d.model) for d in decisions] == [("w2", "c")]
-
-
-def test_a_dry_model_stays_loaded_while_nothing_waits():
-    assert plan([worker("w1", "a")], [demand("a", 0)], now=1000.0, **POLICY) == []
-
-
-def test_an_idle_worker_joins_a_large_queue_but_not_a_small_one():
-    workers = [worker("w1", "a"), worker("w2", "b")]
-    assert plan(workers, [demand("a", 10_000)], now=1.0, **POLICY)[0].model == "a"
-    assert plan(workers, [demand("a", 100)], now=1.0, **POLICY) == []
-
-
-def test_joining_a_queue_must_save_more_time_than_the_swap_costs():
-    # 10 requests/s a worker: 1,000 requests on one worker take 100 s, on two 50 s,
-    # which saves 50 s: worth a 40 s swap, not a 60 s one
-    workers = [worker("w1", "a"), worker("w2", "b")]
-    joins = plan(workers, [demand("a", 1_000)], now=1.0, **{**POLICY, "swap_seconds": 40.0},
-                 rate=10.0)
-    assert [(d.worker, d.model, d.reason) for d in joins] == [("w2", "a", Reason.SPREAD)]
-    assert plan(workers, [demand("a", 1_000)], now=1.0, **{**POLICY, "swap_seconds": 60.0},
-                rate=10.0) == []
-
-
-def simulate_one_worker(work: dict[str, int], *, rate: float, swap: float) -> list[str]:
-    """Run the policy against one worker until every model's work is done; the models
-    it loaded, in order."""
-    now, held, since, loads = 0.0, "", 0.0, []
-    left = dict(work)
-    while any(left.values()):
-        decisions = plan([worker("w1", held, since)],
-                         [demand(m, n, 0.0) for m, n in left.items()], now=now, **POLICY)
-        if decisions:
-            held, since = decisions[0].model, now + swap
-            loads.append(held)
-            now += swap
-        step = min(left[held], rate)
-        left[held] -= step
-        now += 1.0
-    return loads
-
-
-def test_one_worker_loads_each_model_once_when_all_work_is_submitted_together():
-    loads = simulate_one_worker({"chat": 300, "embed": 200, "other": 50}, rate=10, swap=40)
-    assert sorted(loads) == ["chat", "embed", "other"]
-
+from batches.residency import residency_decide
+from fleet.models import ModelSwap, Residency, Worker
+from fleet.residency import Reason
+from fleet.services import residency_join
 
 pytestmark_db = pytest.mark.django_db(transaction=True)
 
@@ -152,7 +49,8 @@ def test_the_decider_assigns_once_and_a_second_turn_changes_nothing(
 def test_a_decision_on_a_stale_epoch_is_not_written(batch_in_progress):
     """Two deciders that both read epoch 0: the second one's UPDATE finds epoch 1 and
     writes nothing (and leaves no swap behind)."""
-    from inference.residency import Decision, _write
+    from batches.residency import _write
+    from fleet.residency import Decision
 
     live_worker("w1")
     residency_join(worker="w1")
@@ -239,7 +137,8 @@ def test_a_database_outage_pauses_the_swapper_and_it_swaps_once_the_database_ans
     from django.db import OperationalError
 
     from core import outage
-    from inference import residency, swap
+    from fleet import services as residency
+    from inference import swap
 
     monkeypatch.setattr(outage, "_down", {})
     monkeypatch.setattr(swap, "OUTAGE_POLL_SECONDS", 0.05)
@@ -285,7 +184,7 @@ def wait_for(predicate, timeout: float = 30.0) -> None:
 @pytestmark_db
 def test_models_and_pool_status_show_residency_swaps_and_the_wait(
         api, two_models, batch_in_progress):
-    from inference.selectors import pool_status
+    from batches.selectors import pool_status
 
     # Given: "m" resident on w1 after a swap from "e" that took 5 s, and a batch of "e"
     # whose model is now resident nowhere
@@ -451,7 +350,7 @@ def test_the_queue_switch_follows_the_model_a_multiplexing_worker_holds():
 @pytestmark_db
 def test_a_model_taken_off_a_worker_waits_from_then_not_from_its_batch_start(
         two_models, batch_in_progress):
-    from inference.residency import model_demand
+    from batches.residency import model_demand
 
     batch = batch_in_progress(3, chunk_size=3)
     Chunk.objects.filter(batch=batch).update(model="e")
@@ -467,23 +366,6 @@ def test_a_model_taken_off_a_worker_waits_from_then_not_from_its_batch_start(
 
 
 # --- a model whose engine cannot start (inference/swap.py, _start_failed) ---------------------
-
-
-def test_a_worker_is_never_given_a_model_it_cannot_start_and_another_worker_is():
-    cannot = frozenset({"a"})
-    workers = [worker("w1", cannot=cannot)]
-    assert plan(workers, [demand("a", 10, 0.0)], now=100.0, **POLICY) == []
-    decisions = plan(workers, [demand("a", 10, 0.0), demand("b", 10, 50.0)], now=100.0,
-                     **POLICY)
-    assert [(d.worker, d.model) for d in decisions] == [("w1", "b")]
-    both = [worker("w1", cannot=cannot), worker("w2", "c", since=0.0)]
-    decisions = plan(both, [demand("a", 10, 0.0), demand("c", 10)], now=5000.0, **POLICY)
-    assert [(d.worker, d.model) for d in decisions] == [("w2", "a")]
-    # not by preemption, and not to join a large queue either
-    busy = [worker("w1", "c", since=0.0, cannot=cannot)]
-    assert plan(busy, [demand("a", 10, 0.0), demand("c", 10)], now=5000.0, **POLICY) == []
-    idle = [worker("w1", "b", cannot=cannot), worker("w2", "a")]
-    assert plan(idle, [demand("a", 10_000)], now=1.0, **POLICY) == []
 
 
 @pytestmark_db
@@ -511,7 +393,7 @@ def test_a_model_that_cannot_start_leaves_the_worker_serving_the_others(
     row = Residency.objects.get(worker="mux-worker")
     assert "refuse its settings" in row.cannot_start["e"] and row.model == ""
     assert ModelSwap.objects.get(id=decision_swap(decision)).error == row.cannot_start["e"]
-    from inference.residency import swap_outcome
+    from fleet.selectors import swap_outcome
 
     assert swap_outcome(decision_swap(decision))["outcome"] == "failed"  # as Flower shows it
     assert runtime.failed is None and runtime.exit_code() is None
@@ -571,8 +453,8 @@ def test_a_transient_start_failure_is_tried_again_then_the_worker_gives_up(
 @pytestmark_db
 def test_each_swap_is_published_as_a_task_that_only_reads_it(
         multiplexing_runtime, batch_in_progress, published):
+    from fleet.tasks import show_swap
     from inference.swap import ModelSwapper
-    from inference.tasks import show_swap
 
     runtime = multiplexing_runtime
     residency_join(worker=runtime.name)

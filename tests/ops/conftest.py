@@ -13,7 +13,7 @@ from batches import chunks, services
 from batches.models import Batch, Chunk, ChunkStatus
 from files import storage
 from files.incremental import append_lines
-from inference.models import Worker
+from fleet.models import Worker
 from tests.conftest import chat_line, jsonl
 
 

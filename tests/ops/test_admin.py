@@ -392,17 +392,26 @@ def test_worker_list_shows_liveness_slots_and_counts(admin_client, worker_row):
     worker_row("host-a:1:1", slots_active=3, requests_completed=42, tokens_generated=999)
     worker_row("host-b:2:1", hostname="host-b", age=3600)
 
-    page = admin_client.get("/admin/inference/worker/").content.decode()
-    alive = admin_client.get("/admin/inference/worker/", {"alive": "yes"}).content.decode()
+    page = admin_client.get("/admin/fleet/worker/").content.decode()
+    alive = admin_client.get("/admin/fleet/worker/", {"alive": "yes"}).content.decode()
 
     assert "3 / 64" in page and "42" in page and "999" in page
     assert "host-a:1:1" in alive and "host-b:2:1" not in alive
-    assert admin_client.get("/admin/inference/worker/add/").status_code == 403
+    assert admin_client.get("/admin/fleet/worker/add/").status_code == 403
+
+
+def test_the_workers_page_from_before_the_move_to_fleet_leads_to_it(admin_client, worker_row):
+    worker_row("host-a:1:1")
+
+    listing = admin_client.get("/admin/inference/worker/?alive=yes", follow=True)
+
+    assert listing.redirect_chain == [("/admin/fleet/worker/?alive=yes", 301)]
+    assert "host-a:1:1" in listing.content.decode()
 
 
 def test_pool_dashboard_shows_pool_figures_workers_and_active_batches(admin_client, make_batch,
                                                                       worker_row, run_chunk):
-    from inference.selectors import pool_status
+    from batches.selectors import pool_status
 
     worker_row("host-a:1:1", slots_active=7, slots_capacity=32, tokens_active=300,
                token_budget=1200)

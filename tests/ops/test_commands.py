@@ -20,7 +20,7 @@ from tests.ops.conftest import chunks_of, result_line
 pytestmark = pytest.mark.django_db
 
 COMMANDS = {
-    "pool_status": "inference", "recover": "batches", "expire_batches": "batches",
+    "pool_status": "batches", "recover": "batches", "expire_batches": "batches",
     "cancel_batch": "batches", "purge_files": "files",
 }
 

@@ -24,7 +24,7 @@ def scrape(client) -> dict[tuple[str, tuple], float]:
 
 def test_metrics_show_pool_figures_batches_requests_and_workers(client, make_batch, run_chunk,
                                                                 worker_row):
-    from inference.selectors import pool_status
+    from batches.selectors import pool_status
 
     worker_row("host-a:1:1", slots_active=5, slots_capacity=64, requests_completed=40,
                requests_failed=2, tokens_generated=1234, tokens_active=700, token_budget=9000)
@@ -98,7 +98,7 @@ def test_metrics_answer_503_when_the_database_is_down(client, monkeypatch):
     def down():
         raise OperationalError("connection refused")
 
-    monkeypatch.setattr("inference.selectors.pool_status", down)
+    monkeypatch.setattr("batches.selectors.pool_status", down)
 
     response = client.get("/metrics")
 

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from inference.models import Worker
+from fleet.models import Worker
 from serving.model_info import SERVER_STARTED, served_model
 from tests.conftest import error_of
 

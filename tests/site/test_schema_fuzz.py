@@ -35,7 +35,7 @@ from batches.models import Batch, BatchStatus
 from batchgen_site.wsgi import application
 from core.ids import new_id
 from files.models import File, FilePurpose, FileStatus
-from inference.models import Worker
+from fleet.models import Worker
 from serving.model_info import served_model
 from tests.conftest import chat_line, jsonl
 from webhooks import sender

@@ -1,9 +1,10 @@
 """The layering the code keeps (docs/architecture.md, "Layers"), floor by floor from the
 bottom: a module imports its own package and the packages on the floors below it,
 never one beside it or above it, at the top of a file or inside a function alike.
-Where a lower floor needs an answer only a higher one has (which chunks the live
-workers hold, say), it declares a hook that the higher floor sets in its
-AppConfig.ready. Tasks are published by name, so only tasks.py modules import tasks."""
+A lower floor owns the rows it is asked about (the fleet's records sit below the batch
+machinery), and what it must ask a higher floor it asks by Django signal; no package
+assigns another package's module globals (no hooks patched at start-up). Tasks are
+published by name, so only tasks.py modules import tasks."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("core",),                  # the base: errors, ids, pagination, auth, the Celery app
     ("files",),                 # stored files: uploads, the incremental output
     ("serving",),               # what is served: endpoints, lines, parameters, models, engines
+    ("fleet",),                 # the fleet's records: workers, residency, swaps; the policy
     ("batches",),               # the batch machinery: validate, admit, dispatch, finalize
     ("inference", "webhooks"),  # the worker that runs chunks; the events of finished batches
     ("batchgen_site",),         # the shell: settings, urls, admin pages, metrics, serve
@@ -124,6 +126,24 @@ def test_an_import_against_the_layers_is_found_however_it_is_written(tmp_path):
     assert against_the_layers(client, tmp_path) == ["batchgen/probe.py:1 imports core.errors"]
 
 
+def test_the_fleet_sits_below_the_batch_machinery_and_above_serving(tmp_path):
+    # batches reads the fleet's records plainly; the fleet, asked by batches, never
+    # asks it back (nor the worker), lazily or not.
+    fleet = tmp_path / "fleet" / "probe.py"
+    fleet.parent.mkdir()
+    fleet.write_text("from serving.model_info import served_models\n"
+                     "def late():\n"
+                     "    from batches.models import Chunk\n"
+                     "    import inference.runtime\n")
+    batches = tmp_path / "batches" / "probe.py"
+    batches.parent.mkdir()
+    batches.write_text("from fleet import selectors\nfrom fleet.models import Worker\n")
+
+    assert against_the_layers(fleet, tmp_path) == [
+        "fleet/probe.py:3 imports batches.models", "fleet/probe.py:4 imports inference.runtime"]
+    assert against_the_layers(batches, tmp_path) == []
+
+
 def test_only_tasks_modules_import_tasks():
     offenders = sorted(
         f"{path.relative_to(ROOT)}:{line}"
@@ -131,3 +151,100 @@ def test_only_tasks_modules_import_tasks():
         for line, name in imports_of(path, names=True)
         if package_of(name) in FLOOR and name.split(".")[1:2] == ["tasks"])
     assert offenders == []
+
+
+def module_of(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if path.name == "__init__.py" else parts)
+
+
+def is_module(name: str, root: Path = ROOT) -> bool:
+    base = root.joinpath(*name.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def foreign_global_assignments(path: Path, root: Path = ROOT) -> list[str]:
+    """The statements of `path` that assign a module global of another package:
+    `module.NAME = ...` (or +=, or annotated), `setattr(module, "NAME", ...)`, the
+    module named by `import a.b [as x]`, `from a import b` or an attribute chain of
+    them. What a module owns it sets itself; a package that needs an answer from
+    another imports it (below) or hears it by signal (above)."""
+    own = package_of(module_of(path, root))
+    tree = ast.parse(path.read_text(), str(path))
+    names: dict[str, str] = {}  # a local name -> the module it is bound to
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    names[alias.asname] = alias.name
+                else:
+                    names[alias.name.split(".")[0]] = alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                if is_module(f"{node.module}.{alias.name}", root):
+                    names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+
+    def module(expr: ast.expr) -> str | None:
+        if isinstance(expr, ast.Name):
+            return names.get(expr.id)
+        if isinstance(expr, ast.Attribute):
+            base = module(expr.value)
+            if base and is_module(f"{base}.{expr.attr}", root):
+                return f"{base}.{expr.attr}"
+        return None
+
+    found = []
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = [t for target in node.targets
+                       for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr"
+              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)):
+            owner = module(node.args[0])
+            if owner and package_of(owner) in FLOOR and package_of(owner) != own:
+                found.append((node.lineno, f"{owner}.{node.args[1].value}"))
+            continue
+        for target in targets:
+            owner = module(target.value) if isinstance(target, ast.Attribute) else None
+            if owner and package_of(owner) in FLOOR and package_of(owner) != own:
+                found.append((node.lineno, f"{owner}.{target.attr}"))
+    return [f"{path.relative_to(root)}:{line} sets {name}" for line, name in sorted(found)]
+
+
+def test_no_package_assigns_another_packages_module_globals():
+    wrong = [text for package in [*FLOOR, CLIENT] for path in modules(package)
+             for text in foreign_global_assignments(path)]
+    assert wrong == []
+
+
+def test_an_assignment_to_another_packages_global_is_found_however_it_is_written(tmp_path):
+    # The check itself, on a tree of its own: the hooks issue 33 removed, written each
+    # way Python allows, are caught; a package's own globals and objects' attributes pass.
+    for module in ("batches/__init__.py", "batches/dispatch.py", "batches/recovery.py",
+                   "files/__init__.py", "files/services.py", "inference/__init__.py"):
+        (tmp_path / module).parent.mkdir(exist_ok=True)
+        (tmp_path / module).write_text("")
+    probe = tmp_path / "inference" / "apps.py"
+    probe.write_text(
+        "import files.services\n"
+        "import batches.recovery as rec\n"
+        "from batches import dispatch\n"
+        "import batches\n"
+        "from inference import apps\n"
+        "def ready(self, hook):\n"
+        "    dispatch.window_source = hook\n"
+        "    files.services.in_active_use = hook\n"
+        "    rec.held_source: object = hook\n"
+        "    setattr(batches.dispatch, 'window_source', hook)\n"
+        "    batches.recovery.LOST_AFTER += 1\n"
+        "    apps.LOCAL = hook\n"
+        "    self.window_source = hook\n")
+
+    assert foreign_global_assignments(probe, tmp_path) == [
+        f"inference/apps.py:{line} sets {name}" for line, name in [
+            (7, "batches.dispatch.window_source"), (8, "files.services.in_active_use"),
+            (9, "batches.recovery.held_source"), (10, "batches.dispatch.window_source"),
+            (11, "batches.recovery.LOST_AFTER")]]

@@ -205,7 +205,7 @@ def inference_workers(celery: list[str], *, workers: int, gpus_per_worker: int,
     as long as one. `cpu_engines`: the models whose engine computes on the host's
     CPUs where it sees no GPU (its spec's computes_on_host_cpu), binding CPUs there.
     `multiplex`: `workers` in all, none pinned: each holds whichever model the
-    residency scheduler gives it (inference/residency.py)."""
+    residency scheduler gives it (batches/residency.py)."""
     if workers < 0 or gpus_per_worker < 0:
         raise CommandError("--inference-workers and --gpus-per-worker must be 0 or more")
     models = models or [""]

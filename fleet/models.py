@@ -1,3 +1,6 @@
+"""The fleet's records. They were inference's until issue 33 and keep its tables
+(`db_table`): fleet/migrations/0001 moved them in Django's state only."""
+
 from __future__ import annotations
 
 from django.db import models
@@ -32,12 +35,15 @@ class Worker(models.Model):
     # Recovery counts these as present, not lost by the broker (batches.recovery).
     held_chunks = models.JSONField(default=list, blank=True)
 
+    class Meta:
+        db_table = "inference_worker"
+
     def __str__(self) -> str:
         return self.name
 
 
 class Residency(models.Model):
-    """Which model a multiplexing inference worker is to hold (inference/residency.py).
+    """Which model a multiplexing inference worker is to hold (fleet/residency.py).
     The scheduler writes `model` (a conditional UPDATE on `epoch`, so two schedulers
     never decide one worker twice); the worker obeys and says what it holds through
     its heartbeat (Worker.model). A worker creates its row at start; the scheduler
@@ -53,6 +59,9 @@ class Residency(models.Model):
     # go with the row, when the worker does: a restart (new settings) tries them again.
     cannot_start = models.JSONField(default=dict, blank=True)
 
+    class Meta:
+        db_table = "inference_residency"
+
     def __str__(self) -> str:
         return f"{self.worker} -> {self.model or '(none)'}"
 
@@ -65,13 +74,16 @@ class ModelSwap(models.Model):
     worker = models.CharField(max_length=255)
     from_model = models.CharField(max_length=255, blank=True, default="")
     to_model = models.CharField(max_length=255)
-    reason = models.CharField(max_length=32)  # inference.residency.Reason
+    reason = models.CharField(max_length=32)  # fleet.residency.Reason
     decided_at = models.DateTimeField(db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)  # the old engine stopping
     finished_at = models.DateTimeField(null=True, blank=True)  # the new engine ready
     drain_seconds = models.FloatField(null=True, blank=True)  # chunks handed back
     seconds = models.FloatField(null=True, blank=True)  # stop + start
     error = models.TextField(blank=True, default="")  # why the new engine did not start
+
+    class Meta:
+        db_table = "inference_modelswap"
 
     def __str__(self) -> str:
         return f"{self.worker}: {self.from_model or '(none)'} -> {self.to_model}"

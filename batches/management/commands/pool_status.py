@@ -1,5 +1,5 @@
 """`manage.py pool_status`: the IntakePool and SchedulingPool figures, the same as
-GET /v1/pool/status answers (inference.selectors.pool_status)."""
+GET /v1/pool/status answers (batches.selectors.pool_status)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 
 from django.core.management.base import BaseCommand
 
-from inference.selectors import pool_status
-from inference.views import PoolStatusSerializer
+from batches.selectors import pool_status
+from batches.serializers import PoolStatusSerializer
 
 
 class Command(BaseCommand):

@@ -6,8 +6,8 @@ from __future__ import annotations
 from django.contrib import admin
 from django.db.models import Exists, OuterRef
 
-from inference.models import Worker
-from inference.selectors import live_workers
+from fleet.models import Worker
+from fleet.selectors import live_workers
 
 
 class AliveFilter(admin.SimpleListFilter):
