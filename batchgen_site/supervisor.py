@@ -47,6 +47,7 @@ STOP_TIMEOUT = 5.0  # BATCHGEN_STOP_TIMEOUT_SECONDS's default (core/config.py)
 # in milliseconds.
 LAST_STAGE_SECONDS = 1.0
 STOP_POLL = 0.05  # seconds between looks at the process groups while they stop
+KILL_WAIT = 2.0  # the longest wait for SIGKILLed processes to be gone (milliseconds, seen)
 # How often the CPU placement looks for processes and threads it has not placed yet
 # (a restarted program; an engine that came up): a scan of /proc, a few ms.
 PLACEMENT_INTERVAL = 5.0
@@ -274,11 +275,15 @@ class Supervisor:
             if program.process.poll() is None:
                 logger.info("stopping %s (pid %s)", program.name, program.process.pid)
                 _killpg(program.process.pid, program.stop_signal)
-        left = started
+        began, left = time.monotonic(), started
         while left and not self._kill_now and time.monotonic() < until:
             for program in left:
                 program.process.poll()  # reaps it: a zombie leader ends its group
-            left = [p for p in left if group_alive(p.process.pid)]
+            still = [p for p in left if group_alive(p.process.pid)]
+            for program in left:
+                if program not in still:
+                    logger.info("%s stopped in %.1f s", program.name, time.monotonic() - began)
+            left = still
             if left:
                 time.sleep(STOP_POLL)
         for program in left:
@@ -290,7 +295,14 @@ class Supervisor:
             _killpg(program.process.pid, signal.SIGKILL)
         for program in started:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                program.process.wait(timeout=5)  # after SIGKILL: at once
+                program.process.wait(timeout=KILL_WAIT)  # after SIGKILL: at once
+        # SIGKILL lands when the kernel next schedules each process: the stop is over
+        # once the groups are empty (their ports closed), not when the signals left.
+        killed_by = time.monotonic() + KILL_WAIT
+        while (any(group_alive(p.process.pid) for p in started)
+               and time.monotonic() < killed_by):
+            time.sleep(STOP_POLL)
+        for program in started:
             if self.guard is not None and not group_alive(program.process.pid):
                 self.guard.say(f"end {program.process.pid}")
 
