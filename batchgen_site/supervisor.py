@@ -143,7 +143,7 @@ class Supervisor:
 
     def _spawn(self, program: Program) -> None:
         # A session of its own: Ctrl-C reaches the supervisor only, which then stops
-        # the children in order.
+        # the children (stop_all); the kernel stops them if the supervisor dies.
         env = program.env
         log = self._termination_log(program)
         if log is not None:
@@ -164,7 +164,8 @@ class Supervisor:
             return
         # A second Ctrl-C (or SIGTERM): the user will not wait for the deadline.
         self._kill_now = True
-        logger.warning("signal %s again: killing every program now", signum)
+        name = signal.Signals(signum).name if signum else "stop"
+        logger.warning("%s again while stopping: killing every program now", name)
         for program in self.programs:
             if program.process is not None:
                 _killpg(program.process.pid, signal.SIGKILL)

@@ -74,7 +74,7 @@ class Command(BaseCommand):
         # socket, the database): a second server there is refused, naming the first.
         try:
             lock = lock_storage(settings.STORAGE_PATH, inference_only=options["inference_only"])
-        except StorageInUse as exc:
+        except (StorageInUse, OSError) as exc:
             raise CommandError(str(exc)) from None
         # Programs next: a fleet that does not fit the host's GPUs, or a model list
         # that cannot be served, is refused before anything starts.
