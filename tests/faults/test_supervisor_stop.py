@@ -179,31 +179,3 @@ def test_a_second_serve_on_the_same_storage_refuses_naming_the_first(start_serve
     assert_each_custom_id_once(api, done, request_ids(200))
     assert os.path.exists(server.storage / "run" / "broker.sock")
 
-
-@pytest.mark.vllm
-def test_sigterm_while_a_vllm_engine_starts_ends_its_engine_processes_too(
-        start_server, model_dir, monkeypatch):
-    # As above with the real engine: vLLM starts its engine core in a process of its
-    # own, which loads the model for tens of seconds here.
-    monkeypatch.setattr(Server, "wait_healthy", lambda self, timeout: wait_until(
-        lambda: self.log(tail=10_000).count("Listening at:"), timeout=timeout,
-        message="the web server to listen"))
-    server, api = start_server(engine="vllm", BATCHGEN_MODEL=str(model_dir),
-                               BATCHGEN_MAX_CONTEXT_LENGTH="512")
-    engine = wait_until(lambda: [p for p in tree(server) if "VLLM" in p.name()
-                                 or "EngineCore" in " ".join(p.cmdline())],
-                        timeout=120, message="vLLM's engine core process")
-    before = tree(server)
-    assert "engine ready" not in server.log(tail=100_000)
-
-    started = time.monotonic()
-    server.process.send_signal(signal.SIGTERM)
-    code = server.process.wait(timeout=STOP_TIMEOUT + 5)
-    stopped = time.monotonic() - started
-
-    gone_within(server, before, 1)
-    print(f"serve stopped {stopped:.2f} s after SIGTERM during a vLLM engine start "
-          f"(engine processes {[p.pid for p in engine]})")
-    assert code == 0
-    assert stopped < STOP_TIMEOUT + 1.5
-    assert not listening(server.port)
