@@ -292,7 +292,7 @@ class Supervisor:
                 continue
             logger.warning("%s (pid %s) did not stop within %.1f s; killing it and its "
                            "process group", program.name, program.process.pid,
-                           self.stop_timeout)
+                           time.monotonic() - began)
             _killpg(program.process.pid, signal.SIGKILL)
         for program in started:
             with contextlib.suppress(subprocess.TimeoutExpired):
