@@ -327,14 +327,7 @@ class InferenceRuntime:
         try:
             self._flush_once()  # what the last chunks said, before the worker goes
             self.database.stopped()
-            if self.engine is not None and not self.ready.is_set():
-                # Still starting (issue 35): vLLM's start blocks the engine loop, so a
-                # shutdown queued behind it would wait for the whole start (tens of
-                # seconds). Its engine core is this worker's child, in the process
-                # group the supervisor signals and, at its deadline, kills.
-                logger.info("the engine of model %s is still starting: stopped, not "
-                            "waited for", self.config.served_model_name)
-            elif self.engine is not None:
+            if self.engine is not None:
                 asyncio.run_coroutine_threadsafe(self.engine.shutdown(), self.loop).result(30)
             for engine, _ in self._asleep.values():
                 asyncio.run_coroutine_threadsafe(engine.shutdown(), self.loop).result(30)
