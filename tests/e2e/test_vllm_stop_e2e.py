@@ -53,7 +53,5 @@ def test_sigterm_while_a_vllm_engine_starts_ends_its_engine_processes_too(
     assert code == 0
     assert stopped < STOP_TIMEOUT + 1.5
     assert not listening(server.port)
-    # The worker itself did not wait for the start: it stopped, it was not killed
-    log = server.log(tail=100_000)
-    assert "is still starting: stopped, not waited for" in log
-    assert "inference1 stopped in" in log, log[-3000:]
+    # The worker held nothing to hand back: its engine never became ready
+    assert "draining: handing 0 chunk(s) back" in server.log(tail=100_000)
