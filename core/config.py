@@ -271,6 +271,13 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
     # the polling load; threads of one process share its GIL, so beyond a few they
     # queue for it (benchmarks/load.py, docs/benchmarks.md). Empty: twice the cores,
     # 2 to 8 (serve.DEFAULT_WEB_WORKERS).
+    # A bounded stop (issue 35): docker gives a container 10 s between SIGTERM and
+    # SIGKILL; 5 s lets an idle or simulated server stop cleanly (about 2 s measured)
+    # and leaves the rest of the grace to spare. A worker still handing chunks back
+    # at the deadline is killed: its chunks go back when their lease runs out.
+    Setting("--stop-timeout", "BATCHGEN_STOP_TIMEOUT_SECONDS", "5",
+            "seconds `serve` waits for its programs to stop on SIGINT or SIGTERM before "
+            "it kills what is left", kind=float, minimum=0.5, maximum=3600),
     Setting("--web-workers", "BATCHGEN_WEB_WORKERS", "",
             "gunicorn worker processes", kind=int, minimum=1,
             shown="twice the cores, 2 to 8"),

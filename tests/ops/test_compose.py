@@ -122,6 +122,9 @@ def test_inference_service_runs_the_hosts_workers_under_one_supervisor(services)
     # many models it serves (pingworkers counts them as serve does)
     assert inference["healthcheck"]["test"][:4] == ["CMD", "python", "manage.py", "pingworkers"]
     assert int(inference["stop_grace_period"].rstrip("s")) >= 30
+    # The supervisor kills what is left before docker's SIGKILL would (issue 35)
+    deadline = env["BATCHGEN_STOP_TIMEOUT_SECONDS"].removesuffix("}").rsplit("-", 1)[-1]
+    assert float(deadline) < int(inference["stop_grace_period"].rstrip("s"))
 
 
 def test_gpu_image_starts_the_workers_through_serve():

@@ -229,8 +229,10 @@ def test_a_group_of_workers_stops_in_the_time_of_one(tmp_path):
 
     assert time.monotonic() - started < 3.0  # four one-second stops, not in turn
     assert all(p.process.returncode == 0 for p in workers)
-    assert [[p.name for p in g] for g in supervisor._stop_groups()] == [
-        ["inference4", "inference3", "inference2", "inference1"], ["web"]]
+    first, last = supervisor._stop_stages()
+    assert [p.name for p in first] == ["inference4", "inference3", "inference2",
+                                       "inference1", "web"]
+    assert last == []
 
 
 # --- pingworkers: the inference service's health check ----------------------------------------

@@ -17,6 +17,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from batchgen_site.cpu_placement import CpuPlacement
 from batchgen_site.gpus import GpuSlicingError, gpu_slices, visible_gpus
+from batchgen_site.storage_lock import StorageInUse, lock_storage
 from batchgen_site.supervisor import INFERENCE_GROUP, Program, Supervisor
 from core.celery import QueueName, inference_queue
 from core.config import SERVER_SETTINGS, value
@@ -69,12 +70,19 @@ class Command(BaseCommand):
             # Settings were given as flags: re-run with them in the environment, so
             # this process and every child agree on one set of settings.
             os.execve(sys.executable, [sys.executable, *sys.argv], env)
-        # Programs first: a fleet that does not fit the host's GPUs, or a model list
+        # The storage lock before anything touches the storage (the embedded broker's
+        # socket, the database): a second server there is refused, naming the first.
+        try:
+            lock = lock_storage(settings.STORAGE_PATH, inference_only=options["inference_only"])
+        except (StorageInUse, OSError) as exc:
+            raise CommandError(str(exc)) from None
+        # Programs next: a fleet that does not fit the host's GPUs, or a model list
         # that cannot be served, is refused before anything starts.
         programs = self._programs(options)
         self._prepare(web=not options["inference_only"])
-        Supervisor(programs, placement=cpu_placement(programs),
-                   run_dir=settings.RUN_DIR).run()
+        Supervisor(programs, placement=cpu_placement(programs), run_dir=settings.RUN_DIR,
+                   stop_timeout=value("BATCHGEN_STOP_TIMEOUT_SECONDS"),
+                   keep_fds=(lock,)).run()
 
     def _environment(self, options) -> dict[str, str]:
         env = dict(os.environ)
@@ -268,5 +276,5 @@ def embedded_broker() -> Program:
         # source of truth either way (recovery republishes what is lost).
         "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
         "--logfile", "", "--loglevel", "warning",
-    ], ready=ready)
+    ], ready=ready, stops_last=True)
 
