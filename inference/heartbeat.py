@@ -1,0 +1,86 @@
+"""An inference worker's flusher thread: it sends the chunk ledger (inference.ledger)
+to the database in one transaction per interval, and beats (liveness, slot figures,
+lease renewal, which batches must stop)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from django.conf import settings
+
+from core.outage import noted_outage
+from inference.database import WorkerDatabase
+from inference.ledger import ChunkLedger
+
+logger = logging.getLogger("batchgen.inference")
+
+
+class Heartbeat:
+    """`figures`: what the worker's row says now (inference.services.worker_heartbeat's
+    arguments); `at_beat`: run at every beat before it (the storage probe)."""
+
+    def __init__(self, *, database: WorkerDatabase, ledger: ChunkLedger,
+                 stopping: threading.Event, figures: Callable[[], dict],
+                 at_beat: Callable[[], None]) -> None:
+        self.database = database
+        self.ledger = ledger
+        self.stopping = stopping
+        self._figures = figures
+        self._at_beat = at_beat
+
+    def start(self) -> None:
+        threading.Thread(target=self._flush_forever, name="flusher", daemon=True).start()
+
+    def beat_once(self) -> None:
+        """Beat now; raises what the database raised."""
+        self.database.heartbeat(**self._figures(), held_chunks=self.held_chunk_ids())
+
+    def beat(self) -> None:
+        """Beat now; a failure is logged (an outage once) and the next beat retries."""
+        try:
+            self.beat_once()
+        except Exception as exc:
+            if not noted_outage(exc):
+                logger.exception("heartbeat failed; retrying")
+
+    def held_chunk_ids(self) -> list[int]:
+        """The chunks this worker holds: those claimed (the ledger's) and those whose
+        message Celery took from the broker but has not started, prefetched while every
+        chunk thread is busy. The broker no longer counts the latter in its queue."""
+        from celery.worker import state
+
+        held = set(self.ledger.held_ids)
+        for request in list(state.reserved_requests):
+            if request.type == "inference.run_chunk" and len(request.args) == 2:
+                held.add(int(request.args[1]))
+        return sorted(held)
+
+    def flush_once(self) -> None:
+        try:
+            self.ledger.flush()
+        except Exception as exc:
+            if not noted_outage(exc):
+                logger.exception("flushing chunk progress failed; it is kept for the next "
+                                 "flush")
+
+    def _flush_forever(self) -> None:
+        """Flush when a chunk thread waits on it, when there is progress and the
+        interval has passed, and at every heartbeat (lease renewal)."""
+        interval = settings.BATCHGEN_PROGRESS_FLUSH_SECONDS
+        heartbeat_due = last_flush = time.monotonic()
+        while not self.stopping.is_set():
+            urgent = self.ledger.urgent.wait(interval)
+            if self.stopping.is_set():
+                return
+            now = time.monotonic()
+            beat = now >= heartbeat_due
+            if urgent or beat or (self.ledger.has_news() and now - last_flush >= interval):
+                self.flush_once()
+                last_flush = now
+            if beat:
+                heartbeat_due = now + settings.BATCHGEN_HEARTBEAT_SECONDS
+                self._at_beat()
+                self.beat()
