@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
-import threading
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
+from operator import itemgetter
 from pathlib import Path
 
 from celery.exceptions import Reject
@@ -38,6 +39,7 @@ PROGRESS_INTERVAL = 0.5  # seconds a chunk thread waits for results before it lo
 CLAIM_RETRY_SECONDS = 1.0
 _CANCELLED = object()
 _WAKE = object()  # put in a chunk's result queue: room was freed, it may be its turn
+_COST = itemgetter(1)  # of a pending (request, cost)
 
 
 @dataclass(eq=False)  # compared and hashed by identity: the slot pool queues runs
@@ -58,8 +60,12 @@ class ChunkRun:
 
 
 class ChunkRunner:
-    """Runs the chunks a worker is given, each on its task's thread, and counts the
-    requests they completed and failed (the heartbeat shows them)."""
+    """Runs the chunks a worker is given, each on its task's thread.
+
+    The path of a chunk only goes down: this module calls its ports (chunk_input,
+    the ledger, the database, storage_pause) and the engine's (engine_host, slots),
+    none of which calls back into it (tests/inference/test_chunk_path.py); what
+    others must hear of it they read from the worker's state."""
 
     def __init__(self, *, state: WorkerState, engines: EngineHost, ledger: ChunkLedger,
                  database: WorkerDatabase, storage: StoragePause,
@@ -70,8 +76,6 @@ class ChunkRunner:
         self.database = database
         self.storage = storage
         self.input = chunk_input
-        self.completed = self.failed_requests = self.tokens = 0
-        self._stats_lock = threading.Lock()
 
     def _not_resident(self, queue: str | None) -> bool:
         """A multiplexing worker runs only the chunks of the model it holds now."""
@@ -92,7 +96,7 @@ class ChunkRunner:
         if state.draining.is_set():
             # Not claimed: the message goes back to the broker for another worker.
             raise Reject("inference worker stopping", requeue=True)
-        if self.storage.error:
+        if self.state.storage_error:
             # Paused: this worker stopped consuming its queue, so the message goes to a
             # worker with room, or waits in the broker until this one resumes.
             raise Reject("storage full", requeue=True)
@@ -120,7 +124,7 @@ class ChunkRunner:
             # when the lease runs out.
             self.ledger.release(work.chunk_id).result()
             why = ("worker stopping" if self.state.going_away()
-                   else "storage full" if self.storage.error else "model swap")
+                   else "storage full" if self.state.storage_error else "model swap")
             return f"chunk {work.batch_id}#{work.index}: released, {why}"
         status = self.ledger.close(work.chunk_id).result()
         # Which worker and model ran it: with several models, the log shows each
@@ -170,7 +174,9 @@ class ChunkRunner:
         results or for room to be freed, write what finished."""
         stopped = False
         if run.pending:
-            self.engines.slots.join(run, lambda: run.results.put(_WAKE))
+            # Called by the slot pool; a partial, so no frame of this module runs
+            # inside the pool's (the path only goes down).
+            self.engines.slots.join(run, partial(run.results.put, _WAKE))
         try:
             while run.pending or run.outstanding:
                 if self.ledger.is_lost(run.work.chunk_id):
@@ -184,12 +190,12 @@ class ChunkRunner:
                 if run.outstanding and not run.interrupted and self.state.swap_cancel.is_set():
                     run.interrupted = True  # the swap waited long enough for them
                     self._cancel(run)
-                if run.pending and (self.storage.error or self.state.swapping.is_set()):
+                if run.pending and (self.state.storage_error or self.state.swapping.is_set()):
                     # Paused: what would start now could not be written, or a swap
                     # waits. With nothing in flight or held, hand the rest back
                     # (run_chunk releases it).
                     if not run.outstanding:
-                        if self.storage.error:
+                        if self.state.storage_error:
                             self.storage.tell_full(run.work.batch_id)
                         break
                 elif run.pending:
@@ -206,7 +212,7 @@ class ChunkRunner:
             self.engines.slots.leave(run)
 
     def _admit(self, run: ChunkRun) -> None:
-        count = self.engines.slots.admit(run, (cost for _, cost in run.pending))
+        count = self.engines.slots.admit(run, map(_COST, run.pending))
         if count:
             admitted = [run.pending.popleft() for _ in range(count)]
             # One hand-over to the engine loop for everything admitted at once.
@@ -226,21 +232,13 @@ class ChunkRunner:
                 usage.add_body(result.body)
             self.ledger.add(work.chunk_id, completed, failed, usage)
             for _, result in finished:
-                self._count(result)
+                self.state.count(result)
 
     def _must_stop(self, batch_id: str) -> bool:
         return batch_id in self.ledger.stop_batches or self.state.going_away()
 
     def _cancel(self, run: ChunkRun) -> None:
         self.engines.loop.call_soon_threadsafe(lambda: [t.cancel() for t in list(run.tasks)])
-
-    def _count(self, result: EngineResult) -> None:
-        with self._stats_lock:
-            if result.error is None:
-                self.completed += 1
-            else:
-                self.failed_requests += 1
-            self.tokens += result.completion_tokens
 
     # --- on the engine loop ----------------------------------------------------------------
 

@@ -13,30 +13,40 @@ from django.conf import settings
 
 from core.outage import noted_outage
 from inference.database import WorkerDatabase
+from inference.engine_host import EngineHost
 from inference.ledger import ChunkLedger
+from inference.worker_state import WorkerState
 
 logger = logging.getLogger("batchgen.inference")
 
 
 class Heartbeat:
-    """`figures`: what the worker's row says now (inference.services.worker_heartbeat's
-    arguments); `at_beat`: run at every beat before it (the storage probe)."""
-
-    def __init__(self, *, database: WorkerDatabase, ledger: ChunkLedger,
-                 stopping: threading.Event, figures: Callable[[], dict],
-                 at_beat: Callable[[], None]) -> None:
+    def __init__(self, *, state: WorkerState, engines: EngineHost, database: WorkerDatabase,
+                 ledger: ChunkLedger) -> None:
+        self.state = state
+        self.engines = engines
         self.database = database
         self.ledger = ledger
-        self.stopping = stopping
-        self._figures = figures
-        self._at_beat = at_beat
+        # Run at every beat, before it (the storage probe, inference.storage_pause).
+        self.at_beat: Callable[[], None] | None = None
 
     def start(self) -> None:
         threading.Thread(target=self._flush_forever, name="flusher", daemon=True).start()
 
     def beat_once(self) -> None:
         """Beat now; raises what the database raised."""
-        self.database.heartbeat(**self._figures(), held_chunks=self.held_chunk_ids())
+        state, engines, slots = self.state, self.engines, self.engines.slots
+        self.database.heartbeat(
+            hostname=state.hostname, engine=engines.config.engine,
+            # A multiplexing worker holds no model while it swaps (or before its first).
+            model=("" if engines.engine is None or state.swapping.is_set()
+                   else engines.config.served_model_name), capacity=slots.capacity,
+            active=slots.active, tokens_active=slots.tokens_active,
+            token_budget=slots.token_budget,
+            ready=state.ready.is_set() and not state.going_away(),
+            completed=state.completed, failed=state.failed_requests, tokens=state.tokens,
+            storage_error=state.storage_error, held_chunks=self.held_chunk_ids(),
+        )
 
     def beat(self) -> None:
         """Beat now; a failure is logged (an outage once) and the next beat retries."""
@@ -71,9 +81,10 @@ class Heartbeat:
         interval has passed, and at every heartbeat (lease renewal)."""
         interval = settings.BATCHGEN_PROGRESS_FLUSH_SECONDS
         heartbeat_due = last_flush = time.monotonic()
-        while not self.stopping.is_set():
+        stopping = self.state.stopping
+        while not stopping.is_set():
             urgent = self.ledger.urgent.wait(interval)
-            if self.stopping.is_set():
+            if stopping.is_set():
                 return
             now = time.monotonic()
             beat = now >= heartbeat_due
@@ -82,5 +93,6 @@ class Heartbeat:
                 last_flush = now
             if beat:
                 heartbeat_due = now + settings.BATCHGEN_HEARTBEAT_SECONDS
-                self._at_beat()
+                if self.at_beat is not None:
+                    self.at_beat()
                 self.beat()

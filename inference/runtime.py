@@ -69,20 +69,15 @@ class InferenceRuntime:
         self.engines = EngineHost(config=config, capacity=capacity, state=self.state)
         self.database = WorkerDatabase(self.name)
         self.ledger = ChunkLedger(self.database.flush)
-        self.heartbeat = Heartbeat(database=self.database, ledger=self.ledger,
-                                   stopping=self.state.stopping, figures=self._figures,
-                                   at_beat=lambda: self.storage.probe())
+        self.heartbeat = Heartbeat(state=self.state, engines=self.engines,
+                                   database=self.database, ledger=self.ledger)
         self.storage = StoragePause(state=self.state, database=self.database,
-                                    heartbeat=self.heartbeat.beat_once,
-                                    switch_queue=self.switch_queue,
-                                    stop_batches=lambda: self.ledger.stop_batches)
+                                    ledger=self.ledger, heartbeat=self.heartbeat.beat_once)
+        self.heartbeat.at_beat = self.storage.probe  # probe for room at every beat
         self.chunks = ChunkRunner(state=self.state, engines=self.engines, ledger=self.ledger,
                                   database=self.database, storage=self.storage,
                                   chunk_input=ChunkInput())
         self.swapper: ModelSwapper | None = None
-        # Stops and restarts the consumption of this worker's queue while storage is
-        # full or a model swaps (inference.signals.QueueSwitch; None outside Celery).
-        self.queue_switch = None
 
     # --- what others read -------------------------------------------------------------
 
@@ -93,9 +88,18 @@ class InferenceRuntime:
     failed = property(lambda self: self.state.failed)
     config = property(lambda self: self.engines.config)
     served_model = property(lambda self: self.engines.config.served_model_name)
-    storage_error = property(lambda self: self.storage.error)
-    completed = property(lambda self: self.chunks.completed)
+    storage_error = property(lambda self: self.state.storage_error)
+    completed = property(lambda self: self.state.completed)
     stop_batches = property(lambda self: self.ledger.stop_batches)
+
+    @property
+    def queue_switch(self):
+        """inference.signals.QueueSwitch, set once the Celery worker is ready."""
+        return self.state.queue_switch
+
+    @queue_switch.setter
+    def queue_switch(self, switch) -> None:
+        self.state.queue_switch = switch
 
     @property
     def engine(self) -> Engine | None:
@@ -104,21 +108,6 @@ class InferenceRuntime:
     @property
     def slots(self) -> SlotPool:
         return self.engines.slots
-
-    def _figures(self) -> dict:
-        """What the heartbeat says of this worker."""
-        state, engines, slots, chunks = self.state, self.engines, self.slots, self.chunks
-        return dict(
-            hostname=state.hostname, engine=engines.config.engine,
-            # A multiplexing worker holds no model while it swaps (or before its first).
-            model=("" if engines.engine is None or state.swapping.is_set()
-                   else engines.config.served_model_name), capacity=slots.capacity,
-            active=slots.active, tokens_active=slots.tokens_active,
-            token_budget=slots.token_budget,
-            ready=state.ready.is_set() and not state.going_away(),
-            completed=chunks.completed, failed=chunks.failed_requests, tokens=chunks.tokens,
-            storage_error=self.storage.error,
-        )
 
     # --- life cycle -------------------------------------------------------------------
 
@@ -148,8 +137,7 @@ class InferenceRuntime:
 
     def switch_queue(self) -> None:
         """Consume this worker's queue, or not, as its storage and swap now say."""
-        if self.queue_switch is not None:
-            self.queue_switch.changed()
+        self.state.switch_queue()
 
     def exit_code(self) -> int | None:
         """EX_CONFIG (78, sysexits' "configuration error", which systemd's

@@ -14,6 +14,7 @@ from pathlib import Path
 from core.errors import is_storage_full
 from files.incremental import append_lines, probe_room
 from inference.database import WorkerDatabase
+from inference.ledger import ChunkLedger
 from inference.worker_state import WorkerState
 
 logger = logging.getLogger("batchgen.inference")
@@ -25,27 +26,32 @@ STORAGE_RETRY_MAX = 30.0
 
 
 class StoragePause:
-    """Why results cannot be written (`error`: the storage volume full), while they
-    cannot; how many chunks now hold results it did not take; the volume to probe.
+    """Why results cannot be written (`error`, kept on the worker's state: the
+    storage volume full), while they cannot; how many chunks now hold results it did
+    not take; the volume to probe.
 
     `heartbeat`: beats now (raising on failure), so /health and /v1/pool/status show
-    the pause at once; `switch_queue`: the worker consumes its queue, or not, as
-    `error` now says; `stop_batches`: the batches that must stop."""
+    the pause at once."""
 
-    def __init__(self, *, state: WorkerState, database: WorkerDatabase,
-                 heartbeat: Callable[[], None], switch_queue: Callable[[], None],
-                 stop_batches: Callable[[], frozenset[str]]) -> None:
+    def __init__(self, *, state: WorkerState, database: WorkerDatabase, ledger: ChunkLedger,
+                 heartbeat: Callable[[], None]) -> None:
         self.state = state
         self.database = database
+        self.ledger = ledger  # which batches must stop
         self._heartbeat = heartbeat
-        self._switch_queue = switch_queue
-        self._stop_batches = stop_batches
-        self.error = ""
         self._waiting = 0
         self._dir: Path | None = None
         self._lock = threading.Lock()
         # Wakes chunks waiting to retry an append: the probe found room, or a drain.
         self._changed = threading.Condition()
+
+    @property
+    def error(self) -> str:
+        return self.state.storage_error
+
+    @error.setter
+    def error(self, value: str) -> None:
+        self.state.storage_error = value
 
     def write(self, batch_id: str, index: int, output: Path, lines: list[bytes]) -> bool:
         """Append finished results. While the storage volume is full, hold them (the
@@ -71,7 +77,7 @@ class StoragePause:
                         self.tell_full(batch_id)
                 with self._changed:
                     self._changed.wait(delay)
-                if self.state.going_away() or batch_id in self._stop_batches():
+                if self.state.going_away() or batch_id in self.ledger.stop_batches:
                     logger.warning("chunk %s#%s stops with %s result(s) unwritten (storage "
                                    "full); they run again if the batch goes on",
                                    batch_id, index, len(lines))
@@ -81,7 +87,7 @@ class StoragePause:
             if waiting:
                 # The batch's error stays while it still waits (this worker stopping).
                 self._room(batch_id, written=written, batch_resumed=written or
-                           batch_id in self._stop_batches())
+                           batch_id in self.ledger.stop_batches)
 
     def _full(self, batch_id: str, output: Path, error: OSError) -> None:
         with self._lock:
@@ -94,7 +100,7 @@ class StoragePause:
                          "pauses: chunks hold their results and retry, no new chunk is "
                          "taken and those not started are handed back, until space is "
                          "freed on the volume", output, error.strerror)
-            self._switch_queue()
+            self.state.switch_queue()
         self._tell(self.database.storage_full, batch_id)
 
     def _room(self, batch_id: str, *, written: bool, batch_resumed: bool) -> None:
@@ -139,7 +145,7 @@ class StoragePause:
 
     def _resumed(self) -> None:
         logger.warning("the storage volume takes results again; this worker resumes")
-        self._switch_queue()
+        self.state.switch_queue()
 
     def tell_full(self, batch_id: str) -> None:
         """Show (again) on the batch that it waits on the full volume."""
