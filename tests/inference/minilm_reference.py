@@ -1,0 +1,45 @@
+"""An independent computation of what an embedding model's score is: Hugging Face
+transformers in the test process (not vLLM), mean pooling over the attention mask
+as the model's sentence-transformers pooling config says, then cosine. The score
+and rerank tests hold vLLM's answers to it."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+
+@cache
+def _model(model_dir: str):
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    torch.set_num_threads(1)  # the engine under test has the other core
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    return tokenizer, model
+
+
+def embed(model_dir: Path, texts: list[str]):
+    """Unit vectors of `texts` (mean pooling, as all-MiniLM-L6-v2's 1_Pooling says)."""
+    import torch
+
+    tokenizer, model = _model(str(model_dir))
+    vectors = []
+    with torch.inference_mode():
+        for start in range(0, len(texts), 64):
+            batch = tokenizer(texts[start:start + 64], padding=True, return_tensors="pt")
+            hidden = model(**batch).last_hidden_state
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1)
+            vectors.append(torch.nn.functional.normalize(pooled, dim=-1))
+    return torch.cat(vectors).double().numpy()
+
+
+def scores(model_dir: Path, queries: list[str], documents: list[str]) -> list[float]:
+    """The cosine of each (query, document) pair; one query scores every document."""
+    if len(queries) == 1:
+        queries = queries * len(documents)
+    vectors = embed(model_dir, list(queries) + list(documents))
+    half = len(queries)
+    return [float(vectors[i] @ vectors[half + i]) for i in range(half)]
