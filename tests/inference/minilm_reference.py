@@ -36,10 +36,21 @@ def embed(model_dir: Path, texts: list[str]):
     return torch.cat(vectors).double().numpy()
 
 
+_VECTORS: dict[tuple[str, str], object] = {}
+
+
+def warm(model_dir: Path, texts: list[str]) -> None:
+    """Embed the texts not embedded yet, in batches (a test warms with all its texts)."""
+    missing = sorted({text for text in texts if (str(model_dir), text) not in _VECTORS})
+    if missing:
+        for text, vector in zip(missing, embed(model_dir, missing), strict=True):
+            _VECTORS[str(model_dir), text] = vector
+
+
 def scores(model_dir: Path, queries: list[str], documents: list[str]) -> list[float]:
     """The cosine of each (query, document) pair; one query scores every document."""
     if len(queries) == 1:
         queries = queries * len(documents)
-    vectors = embed(model_dir, list(queries) + list(documents))
-    half = len(queries)
-    return [float(vectors[i] @ vectors[half + i]) for i in range(half)]
+    warm(model_dir, [*queries, *documents])
+    return [float(_VECTORS[str(model_dir), query] @ _VECTORS[str(model_dir), document])
+            for query, document in zip(queries, documents, strict=True)]
