@@ -129,8 +129,11 @@ def test_200_rerank_and_200_score_lines_match_an_independent_computation(minilm)
                               "text_2": [query, documents[-1]]})}
                    for i, (query, documents) in enumerate(pairs)]
 
-    warm(model_dir, [text for query, documents in reranks + pairs
-                     for text in (query, *documents)])  # while the engine is idle
+    # Every text the lines hold, embedded while the engine is idle.
+    warm(model_dir, [text for line in rerank_lines + score_lines
+                     for key in ("query", "documents", "queries", "text_1", "text_2")
+                     for text in ([line["body"][key]] if isinstance(line["body"].get(key), str)
+                                  else line["body"].get(key, []))], threads=2)
     reranked, rerank_out = run_batch(api, jsonl(rerank_lines), "/v1/rerank")
     scored, score_out = run_batch(api, jsonl(score_lines), "/v1/score")
 

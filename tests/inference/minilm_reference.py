@@ -14,17 +14,18 @@ def _model(model_dir: str):
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    torch.set_num_threads(1)  # the engine under test has the other core
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModel.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
     return tokenizer, model
 
 
-def embed(model_dir: Path, texts: list[str]):
-    """Unit vectors of `texts` (mean pooling, as all-MiniLM-L6-v2's 1_Pooling says)."""
+def embed(model_dir: Path, texts: list[str], *, threads: int = 1):
+    """Unit vectors of `texts` (mean pooling, as all-MiniLM-L6-v2's 1_Pooling says).
+    One thread unless told: the engine under test runs on the machine's cores."""
     import torch
 
     tokenizer, model = _model(str(model_dir))
+    torch.set_num_threads(threads)
     vectors = []
     with torch.inference_mode():
         for start in range(0, len(texts), 64):
@@ -39,11 +40,15 @@ def embed(model_dir: Path, texts: list[str]):
 _VECTORS: dict[tuple[str, str], object] = {}
 
 
-def warm(model_dir: Path, texts: list[str]) -> None:
-    """Embed the texts not embedded yet, in batches (a test warms with all its texts)."""
-    missing = sorted({text for text in texts if (str(model_dir), text) not in _VECTORS})
+def warm(model_dir: Path, texts: list[str], *, threads: int = 1) -> None:
+    """Embed the texts not embedded yet, in batches (a test warms with all its texts
+    while the engine is idle, on `threads` threads). Sorted by length, so a batch
+    pads little."""
+    missing = sorted({text for text in texts if (str(model_dir), text) not in _VECTORS},
+                     key=len)
     if missing:
-        for text, vector in zip(missing, embed(model_dir, missing), strict=True):
+        vectors = embed(model_dir, missing, threads=threads)
+        for text, vector in zip(missing, vectors, strict=True):
             _VECTORS[str(model_dir), text] = vector
 
 
