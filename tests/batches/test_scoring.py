@@ -10,9 +10,11 @@ import json
 import orjson
 import pytest
 
-from batches import services
+from batches import quotas, services
 from batches.models import BatchStatus, Chunk
 from batches.validation import validate_file
+from core.auth import apikey_create
+from core.models import KeyUsage
 from files import storage
 from inference.engines.simulated import SimulatedEngine
 from inference.slots import estimate_tokens
@@ -237,3 +239,36 @@ def test_a_scoring_batch_runs_to_completion_and_sums_its_usage(
     assert all("completion_tokens" not in usage for usage in usages)
     assert batch.usage_input_tokens == sum(usage["prompt_tokens"] for usage in usages) > 0
     assert batch.usage_output_tokens == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_keyed_rerank_batch_sums_its_usage_into_the_key_and_the_admin_filters_it(
+        api, admin_client, runtime_factory, upload, settings, published):
+    settings.BATCHGEN_CHUNK_SIZE = 2
+    key, raw_key = apikey_create(name="team-rerank")
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {raw_key}")
+    file = upload(jsonl([rerank_line(f"r{i}", query=f"query {i % 2}", top_n=2)
+                         for i in range(5)]))
+    created = api.post("/v1/batches", {"input_file_id": file["id"], "endpoint": RERANK,
+                                       "completion_window": "24h"}, format="json")
+    assert created.status_code == 200, created.content
+    batch = services.batch_validate(batch_id=created.json()["id"])
+    runtime = runtime_factory()
+    for chunk in Chunk.objects.filter(batch=batch).order_by("index"):
+        runtime.run_chunk(chunk.id)
+    services.batch_finalize(batch_id=batch.id)
+
+    shown = api.get(f"/v1/batches/{batch.id}").json()
+    assert shown["status"] == "completed" and shown["request_counts"]["completed"] == 5
+    path = storage.absolute(storage.incremental_name(batch.id))
+    bodies = [orjson.loads(raw)["response"]["body"] for raw in path.read_bytes().splitlines()]
+    assert all(len(body["results"]) == 2 for body in bodies)
+    input_tokens = sum(body["usage"]["prompt_tokens"] for body in bodies)
+    assert shown["usage"]["input_tokens"] == input_tokens > 0
+    assert shown["usage"]["output_tokens"] == 0
+    row = KeyUsage.objects.get(key=key, day=quotas.utc_today())
+    assert (row.input_tokens, row.output_tokens) == (input_tokens, 0)
+    listing = admin_client.get("/admin/batches/batch/", {"endpoint": RERANK})
+    assert listing.status_code == 200 and batch.id in listing.content.decode()
+    assert batch.id not in admin_client.get("/admin/batches/batch/", {
+        "endpoint": SCORE}).content.decode()
