@@ -121,6 +121,9 @@ def test_200_rerank_and_200_score_lines_match_an_independent_computation(minilm)
             body["return_documents"] = False
         rerank_lines.append({"custom_id": f"r{i}", "method": "POST", "url": "/v1/rerank",
                              "body": body})
+    # A document longer than the model's context (256 tokens) fails its own line.
+    too_long = {"custom_id": "too-long", "method": "POST", "url": "/v1/rerank",
+                "body": {"model": MODEL, "query": "anything", "documents": ["word " * 2000]}}
     pairs = retrieval_set(200, seed=83)
     score_lines = [{"custom_id": f"s{i}", "method": "POST", "url": "/v1/score",
                     "body": ({"model": MODEL, "queries": query, "documents": documents[:4]}
@@ -134,10 +137,12 @@ def test_200_rerank_and_200_score_lines_match_an_independent_computation(minilm)
                      for key in ("query", "documents", "queries", "text_1", "text_2")
                      for text in ([line["body"][key]] if isinstance(line["body"].get(key), str)
                                   else line["body"].get(key, []))], threads=2)
-    reranked, rerank_out = run_batch(api, jsonl(rerank_lines), "/v1/rerank")
+    reranked, rerank_out = run_batch(api, jsonl([*rerank_lines, too_long]), "/v1/rerank")
     scored, score_out = run_batch(api, jsonl(score_lines), "/v1/score")
 
-    assert reranked["request_counts"] == {"total": 200, "completed": 200, "failed": 0}
+    assert reranked["request_counts"] == {"total": 201, "completed": 200, "failed": 1}
+    assert rerank_out["too-long"]["response"] is None
+    assert rerank_out["too-long"]["error"]["code"] == "context_length_exceeded"
     assert scored["request_counts"] == {"total": 200, "completed": 200, "failed": 0}
     prompt_tokens = 0
     for i, (query, documents) in enumerate(reranks):
@@ -163,4 +168,6 @@ def test_200_rerank_and_200_score_lines_match_an_independent_computation(minilm)
         expected = scores(model_dir, [firsts] if isinstance(firsts, str) else firsts, seconds)
         data = score_out[f"s{i}"]["response"]["body"]["data"]
         assert [item["index"] for item in data] == list(range(len(seconds)))
-        assert max(abs(item["score"] - value) for item, value in zip(data, expected)) < 1e-4, i
+        differences = [abs(item["score"] - value)
+                       for item, value in zip(data, expected, strict=True)]
+        assert max(differences) < 1e-4, i
