@@ -78,8 +78,10 @@ __all__ = [
 
 # What a batch's `endpoint` may be; which of them the server runs depends on its model
 # (a chat model: chat completions, completions and responses; an embedding model:
-# /v1/embeddings).
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
+# /v1/embeddings, /v1/score and /v1/rerank; a cross-encoder: the last two). /score and
+# /rerank are vLLM's own paths for the same two, as `vllm run-batch` takes them.
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
+             "/v1/score", "/v1/rerank", "/score", "/rerank")
 
 
 class BatchGenHttpClient(FileMethods, ResultMethods, WebhookMethods, BaseClient):

@@ -98,8 +98,9 @@ def _submit_options(p: argparse.ArgumentParser) -> None:
     # when it refuses one (400 unsupported_endpoint).
     p.add_argument("--endpoint", default=DEFAULT_ENDPOINT,
                    help=f"the url of every line: {', '.join(ENDPOINTS)} "
-                        f"(default {DEFAULT_ENDPOINT}); /v1/embeddings needs an embedding "
-                        "model on the server, the others a chat model")
+                        f"(default {DEFAULT_ENDPOINT}); /v1/embeddings, /v1/score and "
+                        "/v1/rerank need an embedding model (or, the last two, a "
+                        "cross-encoder) on the server, the others a chat model")
     p.add_argument("--max-decoding-length", type=_positive_int, metavar="N")
     p.add_argument("--max-context-length", type=_positive_int, metavar="N")
     p.add_argument("--temperature", type=float)

@@ -53,6 +53,20 @@ def is_embedding_model(model_dir: Path) -> bool:
     return (Path(model_dir) / "modules.json").is_file()
 
 
+def is_cross_encoder(model_dir: Path) -> bool:
+    """A sequence classifier with one label (a cross-encoder such as
+    ms-marco-MiniLM-L6-v2): vLLM runs it on its pooling runner and scores pairs with
+    it (score and rerank), as `enable_scoring_api` decides. Read from config.json."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    architectures = config.get("architectures") or []
+    labels = config.get("num_labels") or len(config.get("id2label") or {}) or 2
+    return (any(str(name).endswith("ForSequenceClassification") for name in architectures)
+            and labels == 1)
+
+
 def model_info(model_dir: Path) -> tuple[str, int]:
     """(served model name, max context length) of a Hugging Face model folder.
 

@@ -2,7 +2,8 @@
 does the inference, BatchGen keeps the batch.
 
 Each request of a chunk is one POST to the server's endpoint of the same name
-(`{engine_url}/chat/completions`, `/completions`, `/embeddings`, `/responses`), and the
+(`{engine_url}/chat/completions`, `/completions`, `/embeddings`, `/responses`,
+`/score`, `/rerank`: vLLM serves the last two under /v1 too), and the
 worker's slots are its concurrency: the runtime calls `generate()` once per slot, and
 the HTTP client has no connection limit of its own to queue them behind.
 
@@ -255,7 +256,7 @@ class OpenAIHttpEngine(Engine):
             body.pop("priority")
             response = await self._send(path, body, request.request_id)
         if response.status_code != 200:
-            return _failure(response)
+            return _failure(response, endpoint=request.endpoint)
         try:
             answer = response.json()
         except ValueError:
@@ -265,7 +266,7 @@ class OpenAIHttpEngine(Engine):
         if not isinstance(answer, dict):
             return EngineResult.failure("engine_error", "the engine server answered 200 "
                                         "with JSON that is not an object")
-        return self._result(answer, spec, request.max_context_length)
+        return self._result(answer, spec, request.max_context_length, request.body)
 
     def _body(self, request: EngineRequest, spec: EndpointSpec) -> dict[str, Any]:
         """The request as the server takes it: its own model id, one full answer, the
@@ -333,7 +334,7 @@ class OpenAIHttpEngine(Engine):
         logger.debug("retrying in %.1f s after %s", state.upcoming_sleep, reason)
 
     def _result(self, answer: dict[str, Any], spec: EndpointSpec,
-                cap: int | None) -> EngineResult:
+                cap: int | None, request_body: dict[str, Any]) -> EngineResult:
         """The server's answer as the API contract shapes it: without the nulls the
         in-process engine leaves out, BatchGen's model id, complete usage."""
         body = _without_nulls(answer)
@@ -347,7 +348,7 @@ class OpenAIHttpEngine(Engine):
             return EngineResult.failure(
                 "context_length_exceeded", f"Prompt length {prompt_tokens} exceeds model "
                 f"context {cap}")
-        body = spec.shape_output(body)
+        body = spec.answer_as_asked(spec.shape_output(body), request_body)
         _, completion_tokens = spec.token_counts(body["usage"])
         return EngineResult(body=body, prompt_tokens=prompt_tokens,
                             completion_tokens=completion_tokens)
@@ -384,9 +385,11 @@ def _error_text(response: httpx.Response) -> str:
     return response.text[:ERROR_CHARS]
 
 
-def _failure(response: httpx.Response) -> EngineResult:
+def _failure(response: httpx.Response, *, endpoint: str) -> EngineResult:
     """A line's error for the server's answer: its status and message, under the
-    code the in-process engine would give."""
+    code the in-process engine would give. A 404 that is not about the model (or a
+    501) says the server has no such endpoint (one that serves no /score, say): the
+    line is refused as `unsupported_endpoint`, the batch goes on."""
     status = response.status_code
     message = _error_text(response)
     text = f"{message} (HTTP {status} from the engine server)"
@@ -395,6 +398,9 @@ def _failure(response: httpx.Response) -> EngineResult:
         return EngineResult.failure("context_length_exceeded", text)
     if status == 404 and "model" in lowered:
         return EngineResult.failure("model_not_found", text)
+    if status in (404, 501):
+        return EngineResult.failure(
+            "unsupported_endpoint", f"the engine server does not serve {endpoint}: {text}")
     if 400 <= status < 500 and status not in RETRYABLE_STATUSES:
         return EngineResult.failure("invalid_request", text)
     return EngineResult.failure("engine_error", text)  # the server's trouble, not the line's

@@ -48,6 +48,7 @@ from vllm.entrypoints.openai.models.serving import OpenAIServingModels
 from vllm.entrypoints.openai.responses.protocol import ResponsesRequest, ResponsesResponse
 from vllm.entrypoints.pooling.embed.protocol import EmbeddingCompletionRequest
 from vllm.entrypoints.pooling.embed.serving import ServingEmbedding
+from vllm.entrypoints.pooling.scoring.serving import ServingScores
 from vllm.entrypoints.serve import create_error_response
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 from vllm.exceptions import VLLMValidationError
@@ -56,6 +57,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.metrics.loggers import StatLoggerBase
 
+from inference.engines.vllm_scoring import scoring_serving, serve_rerank, serve_score
 from inference.engines.vllm_serving import (
     _PROMPT_LENGTH_PARAMS,
     PromptTooLong,
@@ -120,6 +122,7 @@ class VllmEngine(Engine):
         self._completion: _BatchServingCompletion | None = None
         self._responses: _BatchServingResponses | None = None
         self._embedding: ServingEmbedding | None = None
+        self._scores: ServingScores | None = None  # score and rerank (vllm_scoring.py)
         self._stats_task: asyncio.Task | None = None
         self._core_loads: dict[int, EngineLoad] = {}  # engine core (DP rank) -> last load
 
@@ -189,6 +192,7 @@ class VllmEngine(Engine):
             self.config, stat_loggers=[lambda _config, index: _LoadReporter(self, index)])
         try:
             models = self._build_serving(llm)
+            self._scores = await scoring_serving(llm, models)
             # Loads each adapter into the engine now: a bad one stops the start-up.
             await models.init_static_loras()
         except BaseException:
@@ -261,7 +265,8 @@ class VllmEngine(Engine):
                 "engine_error", f"unexpected response type {type(response).__name__}"
             )
         # Its `model` is vLLM's: the name of the model or of the adapter that answered.
-        body = _output_body(response, ENDPOINTS[request.endpoint])
+        body = ENDPOINTS[request.endpoint].answer_as_asked(
+            _output_body(response, ENDPOINTS[request.endpoint]), request.body)
         prompt_tokens, completion_tokens = ENDPOINTS[request.endpoint].token_counts(
             body["usage"])
         return EngineResult(body=body, prompt_tokens=prompt_tokens,
@@ -321,6 +326,12 @@ class VllmEngine(Engine):
         # The serving class answers with an HTTP response; its body is the JSON.
         return orjson.loads(response.body)
 
+    async def serve_score(self, body: dict[str, Any]) -> dict[str, Any] | ErrorResponse:
+        return await serve_score(self._scores, body, self.config.served_model_name)
+
+    async def serve_rerank(self, body: dict[str, Any]) -> dict[str, Any] | ErrorResponse:
+        return await serve_rerank(self._scores, body, self.config.served_model_name)
+
     @property
     def can_sleep(self) -> bool:
         return (self._llm is not None
@@ -338,6 +349,7 @@ class VllmEngine(Engine):
             self._stats_task = None
         llm, self._llm = self._llm, None
         self._chat = self._completion = self._responses = self._embedding = None
+        self._scores = None
         if llm is not None:
             llm.shutdown()
 

@@ -6,7 +6,9 @@ from serving.endpoints import (  # noqa: F401 - each registers
     chat,
     completions,
     embeddings,
+    rerank,
     responses,
+    score,
 )
 from serving.endpoints.base import ENDPOINTS, NOT_BATCHED, EndpointSpec, endpoint_spec
 

@@ -37,6 +37,9 @@ class EndpointSpec:
     # Where the output token limit goes in the body the engine runs.
     output_limit_field: ClassVar[str] = "max_tokens"
     generates: ClassVar[bool] = True  # produces output tokens (admission counts them)
+    # Scores pairs of texts (/v1/score, /v1/rerank): what a cross-encoder model serves
+    # (serving/engines/registry.py), besides an embedding model.
+    scores_pairs: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.decoder = msgspec.json.Decoder(self.line_type)
@@ -98,6 +101,12 @@ class EndpointSpec:
 
     def shape_output(self, body: dict[str, Any]) -> dict[str, Any]:
         """An engine's response body (a plain dict) as the API contract shapes it."""
+        return body
+
+    def answer_as_asked(self, body: dict[str, Any],
+                        request_body: dict[str, Any]) -> dict[str, Any]:
+        """The shaped body narrowed to what the request asked for where the engine
+        answers more than that (rerank's `return_documents`, which vLLM lacks)."""
         return body
 
 

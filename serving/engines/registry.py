@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from serving.endpoints import ENDPOINTS
-from serving.model_prep import is_embedding_model
+from serving.model_prep import is_cross_encoder, is_embedding_model
 
 if TYPE_CHECKING:
     from serving.engines.base import Engine, EngineConfig
@@ -40,7 +40,8 @@ class EngineSpec:
     settings: Mapping[str, str] = field(default_factory=dict)
     endpoints: tuple[str, ...] = tuple(ENDPOINTS)  # the batch endpoints it can serve
     # Whether the model decides among them: an embedding model serves only the
-    # endpoints that generate nothing, a generative model only the others.
+    # endpoints that generate nothing, a cross-encoder only those that score pairs,
+    # a generative model only the others.
     model_decides: bool = True
     model_suffix: str = ""  # appended to the model folder's name in the served id
     default_context: int | None = None  # when the model folder does not say
@@ -77,6 +78,8 @@ class EngineSpec:
         """The endpoints this engine serves with the model at `model_path`."""
         if not self.model_decides:
             return self.endpoints
+        if is_cross_encoder(model_path):
+            return tuple(url for url in self.endpoints if ENDPOINTS[url].scores_pairs)
         generates = not is_embedding_model(model_path)
         return tuple(url for url in self.endpoints if ENDPOINTS[url].generates == generates)
 

@@ -15,7 +15,7 @@ from serving.endpoints.base import register
 ROOT = Path(__file__).resolve().parents[2]
 # Code that must ask the registry rather than know an endpoint.
 APPS = ("serving", "batches", "inference", "files")
-URL = re.compile(r"/v1/(chat/completions|completions|embeddings|responses)\b")
+URL = re.compile(r"/v1/(chat/completions|completions|embeddings|responses|score|rerank)\b")
 
 
 def test_the_batch_model_offers_exactly_the_registered_endpoints():

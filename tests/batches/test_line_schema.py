@@ -54,6 +54,44 @@ def variants() -> list[bytes]:
                 line = json.loads(json.dumps(embedding))
                 line["body"][key] = value
                 out.append(json.dumps(line).encode())
+    scoring_values = [*odd_values, ["a", "b"], ["a", ""], ["a", "b", "c"], "doc",
+                      {"content": [{"type": "text", "text": "a"}]}, {"content": []}, [{}]]
+    score_forms = [{"text_1": "q", "text_2": ["a", "b"]}, {"queries": ["q", "r"],
+                                                          "documents": ["a", "b"]},
+                   {"queries": "q", "items": ["a"]}, {"data_1": "q", "data_2": "a"}, {}]
+    for url in ("/v1/score", "/score"):
+        for form in score_forms:
+            for key in ("text_1", "text_2", "queries", "documents", "items", "model",
+                        "truncate_prompt_tokens", "max_tokens_per_query", "use_activation",
+                        "instruction"):
+                for value in scoring_values:
+                    line = {"custom_id": "s", "method": "POST", "url": url,
+                            "body": {"model": "m", **form, key: value}}
+                    out.append(json.dumps(line).encode())
+    for url in ("/v1/rerank", "/rerank"):
+        for key in ("query", "documents", "top_n", "return_documents", "model",
+                    "max_tokens_per_doc", "temperature"):
+            for value in scoring_values:
+                line = {"custom_id": "r", "method": "POST", "url": url,
+                        "body": {"model": "m", "query": "q", "documents": ["a", "b"],
+                                 key: value}}
+                out.append(json.dumps(line).encode())
+    # Good options, in combination: the fast path's own share.
+    for truncate in (None, -1, 0, 5):
+        for flag in (None, True, False):
+            for count in (None, 1, 2, 5):
+                options = {"truncate_prompt_tokens": truncate, "use_activation": flag}
+                for url in ("/v1/score", "/score"):
+                    for form in score_forms[:2]:
+                        body = {"model": "m", **form, **options,
+                                "max_tokens_per_query": count}
+                        out.append(json.dumps({"custom_id": "s", "method": "POST",
+                                               "url": url, "body": body}).encode())
+                for url in ("/v1/rerank", "/rerank"):
+                    body = {"model": "m", "query": "q", "documents": ["a", "b"], **options,
+                            "top_n": count, "return_documents": flag}
+                    out.append(json.dumps({"custom_id": "r", "method": "POST", "url": url,
+                                           "body": body}).encode())
     items = [{"role": "user", "content": "hi"}, {"type": "message", "role": "developer",
                                                  "content": [{"type": "input_text", "text": "a"}]},
              {"role": "assistant", "content": [{"type": "output_text", "text": "b"}]}]

@@ -368,7 +368,8 @@ def test_file_upload_goes_through_the_cli_submit(stub, input_file, capsys):
     assert fields["purpose"] == (None, b"batch")
 
 
-@pytest.mark.parametrize("endpoint", ["/v1/embeddings", "/v1/responses"])
+@pytest.mark.parametrize("endpoint", ["/v1/embeddings", "/v1/responses", "/v1/rerank",
+                                      "/v1/score"])
 def test_submit_endpoint_is_the_batch_endpoint(stub, input_file, tmp_path, endpoint):
     script_batch_run(stub, statuses=["completed"], output=result_line("a"))
 

@@ -30,6 +30,7 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
 RESPONSES = "/v1/responses"
+SCORE, RERANK = "/v1/score", "/v1/rerank"
 MiB = 1024 * 1024
 
 
@@ -315,6 +316,19 @@ INPUT_FILES: list[InputFile] = [
                endpoint=EMBEDDINGS),
     bad_line_2("embeddings_dimensions_zero", "invalid_body", "body.dimensions",
                endpoint=EMBEDDINGS),
+    # vLLM's Score and Rerank bodies, in /v1/score, /score, /v1/rerank and /rerank batches.
+    bad_line_2("score_documents_empty_list", "invalid_body", "body.documents", endpoint=SCORE),
+    bad_line_2("score_queries_and_documents_of_different_lengths", "invalid_body",
+               "body.documents", endpoint=SCORE),
+    bad_line_2("score_no_sides", "invalid_body", "body.text_1", endpoint=SCORE),
+    bad_line_2("score_text_2_missing", "invalid_body", "body.text_2", endpoint="/score"),
+    bad_line_2("rerank_documents_empty_list", "invalid_body", "body.documents",
+               endpoint=RERANK),
+    bad_line_2("rerank_top_n_zero", "invalid_body", "body.top_n", endpoint=RERANK),
+    bad_line_2("rerank_query_missing", "invalid_body", "body.query", endpoint=RERANK),
+    bad_line_2("rerank_return_documents_a_string", "invalid_body", "body.return_documents",
+               endpoint="/rerank"),
+    bad_line_2("rerank_batch_given_a_score_line", "invalid_url", "url", endpoint=RERANK),
     # OpenAI's Responses body in a /v1/responses batch, and what a batch cannot do.
     *[bad_line_2(f"responses_{name}", code, param, endpoint=RESPONSES) for name, code, param in [
         ("input_empty_list", "invalid_body", "body.input"),

@@ -67,7 +67,8 @@ def test_the_chat_model_its_adapter_and_the_embedding_model_serve_at_once(
     live = time.monotonic()
     # The adapter is listed after the models, with its base; it serves what its base does
     assert [(m["id"], m["parent"], m["endpoints"]) for m in models] == [
-        (CHAT, None, [CHAT_URL, COMPLETIONS_URL, RESPONSES_URL]), (EMBED, None, [EMBED_URL]),
+        (CHAT, None, [CHAT_URL, COMPLETIONS_URL, RESPONSES_URL]),
+        (EMBED, None, [EMBED_URL, "/v1/score", "/score", "/v1/rerank", "/rerank"]),
         (ADAPTER, CHAT, [CHAT_URL, COMPLETIONS_URL, RESPONSES_URL])]
 
     # One chat batch whose lines name the base model and the adapter in turn, on the

@@ -182,7 +182,8 @@ def test_models_lists_an_adapter_with_its_base_and_its_bases_endpoints(serve, ap
         ("m", "m", None), ("sql", "m", "m")]
     model, adapter = data
     # The simulated base answers every endpoint; its adapter, those that generate text
-    assert model["endpoints"] == [CHAT, "/v1/completions", EMBEDDINGS, "/v1/responses"]
+    assert model["endpoints"] == [CHAT, "/v1/completions", EMBEDDINGS, "/v1/score", "/score",
+                                  "/v1/rerank", "/rerank", "/v1/responses"]
     assert adapter["endpoints"] == [CHAT, "/v1/completions", "/v1/responses"]
     assert adapter["max_context_length"] == model["max_context_length"]
     assert api.get("/v1/models/sql").json() == adapter

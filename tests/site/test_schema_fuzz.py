@@ -115,6 +115,19 @@ def response_line(custom_id: str) -> dict:
                      "text": {"format": {"type": "json_object"}}, "max_output_tokens": 8}}
 
 
+def fresh_line(endpoint: str | None) -> dict:
+    """A good line of a batch of `endpoint` (its url, a body of its shape)."""
+    if endpoint == "/v1/responses":
+        return response_line("a")
+    if endpoint in ("/v1/score", "/score"):
+        return {"custom_id": "a", "method": "POST", "url": endpoint,
+                "body": {"model": "m", "queries": "q", "documents": ["x", "y"]}}
+    if endpoint in ("/v1/rerank", "/rerank"):
+        return {"custom_id": "a", "method": "POST", "url": endpoint,
+                "body": {"model": "m", "query": "q", "documents": ["x", "y"], "top_n": 1}}
+    return chat_line("a")
+
+
 @pytest.fixture(autouse=True)
 def keep_the_test_connection():
     """The WSGI handler closes the database connection at the end of each request, as it
@@ -179,9 +192,9 @@ def no_webhook_traffic(monkeypatch):
           deadline=None)
 def test_every_answer_is_declared_and_none_is_a_server_error(case, storage):
     if isinstance(case.body, dict) and case.body.get("input_file_id") == FRESH_FILE:
-        # A line of the batch's endpoint: a /v1/responses batch gets a Response body.
-        fresh = (response_line("a") if case.body.get("endpoint") == "/v1/responses"
-                 else chat_line("a"))
+        # A line of the batch's endpoint: a /v1/responses batch gets a Response body,
+        # a score or rerank batch a body of theirs.
+        fresh = fresh_line(case.body.get("endpoint"))
         case.body["input_file_id"] = _file(new_id("file-"), FilePurpose.BATCH,
                                            jsonl([fresh]), storage).id
     case.call_and_validate(checks=CHECKS)
