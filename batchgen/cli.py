@@ -58,25 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(command=handler)
         return p
 
-    p = command("submit", cmd_submit, "upload a JSONL file, run it as a batch, fetch results")
-    p.add_argument("input", help="input JSONL file")
-    p.add_argument("-o", "--output", help="where to write the results (JSONL)")
-    # Not argparse choices: the server names what its model serves, and says why
-    # when it refuses one (400 unsupported_endpoint).
-    p.add_argument("--endpoint", default=DEFAULT_ENDPOINT,
-                   help=f"the url of every line: {', '.join(ENDPOINTS)} "
-                        f"(default {DEFAULT_ENDPOINT}); /v1/embeddings needs an embedding "
-                        "model on the server, the others a chat model")
-    p.add_argument("--max-decoding-length", type=_positive_int, metavar="N")
-    p.add_argument("--max-context-length", type=_positive_int, metavar="N")
-    p.add_argument("--temperature", type=float)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--metadata", type=_key_value, nargs="+", action="extend", default=[],
-                   metavar="KEY=VALUE", help="batch metadata, repeatable")
-    p.add_argument("--detach", action="store_true",
-                   help="print the batch id and return once the batch is created")
-    _wait_options(p)
+    _submit_options(command("submit", cmd_submit,
+                            "upload a JSONL file, run it as a batch, fetch results"))
 
     p = command("status", cmd_status, "show a batch")
     p.add_argument("batch_id")
@@ -106,6 +89,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("health", cmd_health, "exit 0 if the server is healthy, 1 otherwise")
     return parser
+
+
+def _submit_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", help="input JSONL file")
+    p.add_argument("-o", "--output", help="where to write the results (JSONL)")
+    # Not argparse choices: the server names what its model serves, and says why
+    # when it refuses one (400 unsupported_endpoint).
+    p.add_argument("--endpoint", default=DEFAULT_ENDPOINT,
+                   help=f"the url of every line: {', '.join(ENDPOINTS)} "
+                        f"(default {DEFAULT_ENDPOINT}); /v1/embeddings needs an embedding "
+                        "model on the server, the others a chat model")
+    p.add_argument("--max-decoding-length", type=_positive_int, metavar="N")
+    p.add_argument("--max-context-length", type=_positive_int, metavar="N")
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--metadata", type=_key_value, nargs="+", action="extend", default=[],
+                   metavar="KEY=VALUE", help="batch metadata, repeatable")
+    p.add_argument("--detach", action="store_true",
+                   help="print the batch id and return once the batch is created")
+    _wait_options(p)
 
 
 # -- commands ----------------------------------------------------------------------------

@@ -128,20 +128,12 @@ def _first_error(detail, prefix: str | None = None) -> tuple[str, str | None, st
 
 
 def openai_exception_handler(exc, context) -> Response:
-    from core.outage import DATABASE, dependency_down, outage_began
+    """DRF's exception handler: every error a view raises, in the OpenAI error
+    envelope with its status, never a bare 500 page."""
     from core.transient import DatabaseBusy, is_transient
 
     if isinstance(exc, DatabaseBusy) or is_transient(exc):
-        # Retried already (core.transient); the client may safely try again.
-        if dependency_down(exc) == DATABASE:
-            outage_began(DATABASE, exc)  # an outage: said once, not at every request
-        else:
-            logger.warning("database busy in %s: %s", context.get("view"), exc)
-        response = Response(envelope(
-            "The server's database is busy; nothing was changed. Retry shortly.",
-            error_type="server_error", code="database_busy"), status=503)
-        response["Retry-After"] = "1"
-        return response
+        return _database_busy(exc, context)
     if is_storage_full(exc):
         logger.error("storage full in %s: %s", context.get("view"), exc)
         exc = StorageFull("The server's storage volume is full, so the request could not "
@@ -160,15 +152,7 @@ def openai_exception_handler(exc, context) -> Response:
             f"The request body is larger than the server's limit of {limit} bytes "
             "(BATCHGEN_MAX_REQUEST_BODY_BYTES); files go through POST /v1/files.",
             error_type="invalid_request_error", code="request_too_large"), status=413)
-    if isinstance(exc, SuspiciousOperation):
-        # Too many form fields or files, a malformed multipart part: Django's own
-        # refusals of a request, which DRF does not know (they would be a 500).
-        exc = exceptions.ParseError(str(exc))
-    if isinstance(exc, Http404):
-        exc = exceptions.NotFound()
-    if isinstance(exc, UnreadablePostError):
-        # The client stopped sending mid-body (disconnect, timeout): its fault, not ours.
-        exc = exceptions.ParseError(f"The request body could not be read completely: {exc}")
+    exc = _as_drf_exception(exc)
     response = exception_handler(exc, context)
     if response is None:
         logger.exception("unhandled error in %s", context.get("view"))
@@ -177,6 +161,42 @@ def openai_exception_handler(exc, context) -> Response:
                      error_type="server_error", code="internal_error"),
             status=500,
         )
+    response.data = _drf_envelope(exc, response.status_code)
+    return response
+
+
+def _database_busy(exc, context) -> Response:
+    """Retried already (core.transient); the client may safely try again."""
+    from core.outage import DATABASE, dependency_down, outage_began
+
+    if dependency_down(exc) == DATABASE:
+        outage_began(DATABASE, exc)  # an outage: said once, not at every request
+    else:
+        logger.warning("database busy in %s: %s", context.get("view"), exc)
+    response = Response(envelope(
+        "The server's database is busy; nothing was changed. Retry shortly.",
+        error_type="server_error", code="database_busy"), status=503)
+    response["Retry-After"] = "1"
+    return response
+
+
+def _as_drf_exception(exc):
+    """Django's own refusals of a request, which DRF does not know (they would be a
+    500), as the DRF exceptions that say the same."""
+    if isinstance(exc, SuspiciousOperation):
+        # Too many form fields or files, a malformed multipart part.
+        return exceptions.ParseError(str(exc))
+    if isinstance(exc, Http404):
+        return exceptions.NotFound()
+    if isinstance(exc, UnreadablePostError):
+        # The client stopped sending mid-body (disconnect, timeout): its fault, not ours.
+        return exceptions.ParseError(f"The request body could not be read completely: {exc}")
+    return exc
+
+
+def _drf_envelope(exc, status: int) -> dict:
+    """A DRF exception's detail in the envelope: a validation error's first message,
+    prefixed with its field path."""
     if isinstance(exc, exceptions.ValidationError):
         message, param, code = _first_error(exc.detail)
         if param and not message.startswith(param):
@@ -185,11 +205,8 @@ def openai_exception_handler(exc, context) -> Response:
     else:
         message, param, code = str(getattr(exc, "detail", exc)), None, None
         code = getattr(getattr(exc, "detail", None), "code", None)
-    response.data = envelope(
-        message, error_type=_TYPES.get(response.status_code, "server_error"),
-        param=param, code=code,
-    )
-    return response
+    return envelope(message, error_type=_TYPES.get(status, "server_error"),
+                    param=param, code=code)
 
 
 class ErrorDetailSerializer(serializers.Serializer):

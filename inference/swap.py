@@ -41,12 +41,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Protocol
 
 from django.utils import timezone
 
 from core.outage import noted_outage
 from core.publishing import publish
 from fleet import services as residency
+from inference.database import WorkerDatabase
 from inference.engines import EngineConfigError
 
 logger = logging.getLogger("batchgen.inference")
@@ -61,8 +63,47 @@ START_TRIES = 3  # a model's engine failing to start (transiently) this often in
 START_RETRY_SECONDS = 5.0  # ... with this pause, times the tries, before each next one
 
 
+class SwapHost(Protocol):
+    """What the swapper asks of the worker it swaps (inference.runtime.InferenceRuntime
+    is one): nothing else of the worker is the swapper's business."""
+
+    name: str  # the worker's, as its Residency row knows it
+    database: WorkerDatabase  # the worker's one port to the database
+
+    @property
+    def served_model(self) -> str:
+        """The model the worker holds now; "" for none."""
+
+    def stopped(self) -> bool:
+        """The worker drains, stops or lost its engine: the swapper ends."""
+
+    def pause(self, seconds: float) -> None:
+        """Wait `seconds`, or less if the worker begins to drain."""
+
+    def chunks_held(self) -> int: ...
+
+    def wait_handed_back(self, seconds: float) -> bool:
+        """Until every chunk held is closed, released or lost; whether they all were."""
+
+    def swap_began(self) -> None:
+        """No new request enters the engine; the worker shows itself not ready and
+        stops consuming its model's queue."""
+
+    def cancel_in_flight(self) -> None:
+        """The requests still in flight are cancelled and their chunks handed back."""
+
+    def swap_ended(self) -> None:
+        """Take chunks again, of whatever model is held."""
+
+    def replace_engine(self, model_id: str) -> float:
+        """Hold `model_id`'s engine; the seconds the old one took to sleep or stop."""
+
+    def engine_lost(self, error: BaseException, what: str) -> None:
+        """The worker cannot go on: it stops (its supervisor starts a fresh one)."""
+
+
 class ModelSwapper:
-    def __init__(self, runtime) -> None:
+    def __init__(self, runtime: SwapHost) -> None:
         self.runtime = runtime
         self.swaps = 0
         self.start_failures: dict[str, int] = {}  # model -> transient failures in a row
@@ -74,9 +115,7 @@ class ModelSwapper:
         return self
 
     def _stopped(self) -> bool:
-        runtime = self.runtime
-        return (runtime.draining.is_set() or runtime._stopping.is_set()
-                or runtime.failed is not None)
+        return self.runtime.stopped()
 
     def _run(self) -> None:
         runtime = self.runtime
@@ -91,7 +130,7 @@ class ModelSwapper:
                                                  worker=runtime.name)
                 if assigned is None:
                     joined = False  # forgotten (a long outage): join again
-                elif assigned[0] and assigned[0] != runtime.config.served_model_name:
+                elif assigned[0] and assigned[0] != runtime.served_model:
                     self.swap(*assigned)
             except Exception as exc:
                 if self._stopped():
@@ -99,27 +138,26 @@ class ModelSwapper:
                 if noted_outage(exc):
                     # The database (or broker) away: said once; the assignment is read
                     # again when it answers, and a swap it interrupted is made again.
-                    runtime.draining.wait(OUTAGE_POLL_SECONDS)
+                    runtime.pause(OUTAGE_POLL_SECONDS)
                     continue
-                runtime._engine_lost(exc, f"failed its swap to model {assigned and assigned[0]}")
+                runtime.engine_lost(exc, f"failed its swap to model {assigned and assigned[0]}")
                 return
-            runtime.draining.wait(POLL_SECONDS)
+            runtime.pause(POLL_SECONDS)
 
     def swap(self, model: str, swap_id: int | None) -> None:
         runtime = self.runtime
-        previous = runtime.config.served_model_name  # "": nothing yet
+        previous = runtime.served_model  # "": nothing yet
         held = previous or "nothing"
         logger.info("model swap: %s -> %s: handing back %s chunk(s)", held, model,
-                    runtime.ledger.held)
+                    runtime.chunks_held())
         began, started_at = time.monotonic(), timezone.now()
-        runtime.swapping.set()
-        runtime._beat()  # not ready: the dispatcher's window for the old model shrinks
-        runtime._switch_queue()
-        if not runtime.ledger.wait_until_empty(SWAP_DRAIN_SECONDS):
-            runtime.swap_cancel.set()
-            if not runtime.ledger.wait_until_empty(HAND_BACK_SECONDS):
+        # Not ready from now: the dispatcher's window for the old model shrinks.
+        runtime.swap_began()
+        if not runtime.wait_handed_back(SWAP_DRAIN_SECONDS):
+            runtime.cancel_in_flight()
+            if not runtime.wait_handed_back(HAND_BACK_SECONDS):
                 logger.warning("%s chunk(s) not handed back for the swap; their leases will "
-                               "expire", runtime.ledger.held)
+                               "expire", runtime.chunks_held())
         drained = time.monotonic()
         try:
             stop_seconds = runtime.replace_engine(model)
@@ -155,11 +193,7 @@ class ModelSwapper:
 
     def _settle(self) -> None:
         """The swap is over (made or not): take chunks again, of whatever is held."""
-        runtime = self.runtime
-        runtime.swap_cancel.clear()
-        runtime.swapping.clear()
-        runtime._beat()
-        runtime._switch_queue()
+        self.runtime.swap_ended()
 
     def _start_failed(self, model: str, error: Exception) -> None:
         """After `model`'s engine failed to start, this worker holding nothing: record
@@ -178,4 +212,4 @@ class ModelSwapper:
             raise error
         logger.warning("model %s failed to start (%s of %s tries), trying again in %.0f s: "
                        "%r", model, tries, START_TRIES, START_RETRY_SECONDS * tries, error)
-        runtime.draining.wait(START_RETRY_SECONDS * tries)
+        runtime.pause(START_RETRY_SECONDS * tries)

@@ -24,7 +24,7 @@ from batches import services
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
 from files import incremental, storage
 from files.models import File
-from inference import runtime as runtime_module
+from inference import storage_pause
 from tests.conftest import chat_line, error_of, jsonl
 from tests.e2e.harness import output_ids, wait_until
 
@@ -33,8 +33,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(autouse=True)
 def quick_retries(monkeypatch):
-    monkeypatch.setattr(runtime_module, "STORAGE_RETRY_FIRST", 0.05)
-    monkeypatch.setattr(runtime_module, "STORAGE_RETRY_MAX", 0.2)
+    monkeypatch.setattr(storage_pause, "STORAGE_RETRY_FIRST", 0.05)
+    monkeypatch.setattr(storage_pause, "STORAGE_RETRY_MAX", 0.2)
 
 
 class QueueSwitchRecorder:

@@ -31,7 +31,7 @@ def test_the_heartbeat_names_claimed_and_prefetched_chunks(runtime_factory):
     state.reserved_requests.add(prefetched)
     runtime.ledger.hold(17)  # claimed and running
     try:
-        runtime._heartbeat_once()
+        runtime.heartbeat.beat_once()
     finally:
         state.reserved_requests.discard(prefetched)
         runtime.ledger.drop(17)
@@ -52,8 +52,8 @@ def test_flushes_and_heartbeats_in_a_database_outage_say_it_once(runtime_factory
     runtime.ledger.hold(17)
     with caplog.at_level(logging.INFO):
         for _ in range(5):
-            runtime._flush_once()
-            runtime._beat()
+            runtime.heartbeat.flush_once()
+            runtime.heartbeat.beat()
     runtime.ledger.drop(17)
 
     assert [(r.name, r.levelname) for r in caplog.records if r.levelno >= logging.WARNING] \

@@ -227,7 +227,7 @@ def test_an_engine_that_can_sleep_is_woken_at_the_swap_back_not_started_again(
     swapper.swap("m", None)
 
     assert runtime.engine is first and not first.asleep
-    assert runtime.config.served_model_name == "m" and set(runtime._asleep) == {"e"}
+    assert runtime.config.served_model_name == "m" and set(runtime.engines.asleep) == {"e"}
 
 
 @pytestmark_db
@@ -259,14 +259,14 @@ def test_a_chunk_claimed_while_a_swap_began_goes_back_without_running(
     ModelSwapper(runtime).swap("m", None)
     batch = batch_in_progress(4, chunk_size=4)
     chunk = Chunk.objects.get(batch=batch)
-    claim = runtime._claim
+    claim = runtime.chunks.claim
 
     def claim_during_a_swap(chunk_id):
         work = claim(chunk_id)
         runtime.swapping.set()  # the swapper began while the claim ran
         return work
 
-    monkeypatch.setattr(runtime, "_claim", claim_during_a_swap)
+    monkeypatch.setattr(runtime.chunks, "claim", claim_during_a_swap)
     outcome = runtime.run_chunk(chunk.id, "inference.m")
 
     chunk.refresh_from_db()
@@ -403,7 +403,7 @@ def test_a_model_that_cannot_start_leaves_the_worker_serving_the_others(
     assert [d.model for d in residency_decide()] == ["m"]
     wait_for(lambda: runtime.config.served_model_name == "m" and runtime.engine is not None
              and not runtime.swapping.is_set())
-    runtime._heartbeat_once()
+    runtime.heartbeat.beat_once()
 
     models = {m["id"]: m for m in api.get("/v1/models").json()["data"]}
     assert "refuse its settings" in models["e"]["cannot_start"] and not models["e"]["live"]
