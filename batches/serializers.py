@@ -6,6 +6,7 @@ from rest_framework import serializers
 from batches.models import ERRORS_SHOWN, Batch, Endpoint
 from batches.usage import batch_usage
 from batches.validation import MAX_LISTED_ERRORS
+from batches.windows import InvalidWindow, window_check
 from core.pagination import list_envelope_serializer
 from files.serializers import ExpiresAfterSerializer, UnixTimestampField
 from serving.endpoints import NOT_BATCHED
@@ -69,7 +70,10 @@ def _above(name: str, low: float):
 class BatchCreateInputSerializer(serializers.Serializer):
     input_file_id = serializers.CharField(max_length=64)
     endpoint = serializers.ChoiceField(choices=Endpoint.values, default=Endpoint.CHAT.value)
-    completion_window = serializers.ChoiceField(choices=["24h"], default="24h")
+    completion_window = serializers.CharField(
+        default="24h", max_length=8,
+        help_text="`24h`, or (an extension) another window such as `1h` or `72h` within "
+                  "the server's bounds (BATCHGEN_MIN/MAX_COMPLETION_WINDOW_SECONDS).")
     metadata = serializers.DictField(
         child=MetadataValueField(allow_blank=True), required=False, allow_null=True,
     )
@@ -82,6 +86,13 @@ class BatchCreateInputSerializer(serializers.Serializer):
         required=False, allow_null=True,
         help_text="When the output and error files expire: `seconds` after they are "
                   "created (anchor `created_at`), within the server's bounds.")
+
+    def validate_completion_window(self, value):
+        try:
+            window_check(value)
+        except InvalidWindow as exc:
+            raise serializers.ValidationError(str(exc), code="invalid_completion_window") from None
+        return value
 
     def validate_metadata(self, value):
         """The limits are settings (read per request), so they are checked here rather

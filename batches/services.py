@@ -28,6 +28,7 @@ from batches.models import (
 from batches.signals import batch_finished
 from batches.usage import USAGE_COLUMNS, batch_usage, output_digest_and_usage
 from batches.validation import ValidationReport, validate_file
+from batches.windows import window_seconds
 from core.errors import BatchGenError, CapacityFull, NotFound, is_storage_full
 from core.ids import new_id
 from core.transient import retry_transient
@@ -146,7 +147,8 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
             model=model,
             input_file=input_file,
             completion_window=completion_window,
-            expires_at=now + timedelta(hours=settings.BATCHGEN_COMPLETION_WINDOW_HOURS),
+            # Each batch's own window (checked by the serializer against the bounds).
+            expires_at=now + timedelta(seconds=window_seconds(completion_window)),
             metadata=metadata,
             max_decoding_length=max_decoding_length,
             max_context_length=max_context_length,

@@ -56,8 +56,6 @@ BATCHGEN_TOOL_CALL_PARSER = SETTINGS["BATCHGEN_TOOL_CALL_PARSER"] or None
 # 0 = none for vLLM (it admits from the engine's figures), else the KV cache an engine
 # reports (unlimited for the simulated engine).
 BATCHGEN_TOKEN_BUDGET = SETTINGS["BATCHGEN_TOKEN_BUDGET"] or None
-# OpenAI's completion window; not a setting.
-BATCHGEN_COMPLETION_WINDOW_HOURS = 24
 
 # --- Django -----------------------------------------------------------------------
 
