@@ -1,0 +1,101 @@
+"""The ETA model: when will each batch finish, given the work ahead of it and beside
+it under the dispatcher's fair share, and each model's measured throughput.
+
+A pure model of the scheduler (batches/dispatch.py), no database: the dispatcher's
+stride scheduling gives each batch waiting for a model a share of that model's
+workers (`fair_shares`: keys by weight, a key's batches by priority); over many
+chunks that is a fluid split of the model's throughput in proportion to the shares
+(generalised processor sharing). `finish_times` plays that split forward, event by
+event: at each step every batch with work left runs at `rate * share / sum(shares)`;
+the one that runs out first finishes, the shares of the rest are computed again
+(a key's other batches inherit its share, as dispatch would give it), and so on.
+
+Work is counted in cost units, not requests: a request costs one unit plus its
+output tokens (a batch's own mean once some of it has finished, the model's mean
+before), and a model's rate is measured in the same units (batches/estimates.py),
+so a batch of long answers is not taken for one of short answers.
+
+The share function is a parameter, so the same play gives the ETA under the
+deadline policy (batches/deadlines.py) that dispatch applies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """A batch's work left on one model."""
+
+    batch_id: str
+    remaining: float  # cost units still to run
+    priority: int = 1
+    owner: int | None = None  # the API key (None: an open server)
+    weight: int | None = None  # the key's weight
+    time_left: float | None = None  # seconds to its window's end (None: no window)
+
+
+ShareFunction = Callable[[Sequence[Load]], dict[str, float]]
+
+
+def fair_shares(loads: Sequence[Load]) -> dict[str, float]:
+    """The dispatcher's shares (batches.dispatch.batch_shares): keys in proportion to
+    their weights, a key's share split among its batches by priority."""
+    per_key: dict[int | None, int] = {}
+    for load in loads:
+        per_key[load.owner] = per_key.get(load.owner, 0) + max(load.priority, 1)
+    return {load.batch_id: (load.weight or 1) * max(load.priority, 1) / per_key[load.owner]
+            for load in loads}
+
+
+def finish_times(loads: Sequence[Load], rate: float,
+                 shares: ShareFunction = fair_shares) -> dict[str, float]:
+    """Seconds from now until each batch's work on this model is done, playing the
+    fluid split forward. `rate` is the model's throughput in cost units a second
+    (over all its workers); a batch with no work left finishes at 0. O(n^2) in the
+    batches of one model, a few hundred at most on a server."""
+    done = {load.batch_id: 0.0 for load in loads if load.remaining <= 0}
+    active = [load for load in loads if load.remaining > 0]
+    if rate <= 0:
+        raise ValueError("finish_times needs a positive rate")
+    now = 0.0
+    while active:
+        split = shares(active)
+        total = sum(split.values())
+        speed = {load.batch_id: rate * split[load.batch_id] / total for load in active}
+        step = min(load.remaining / speed[load.batch_id] for load in active)
+        now += step
+        left = []
+        for load in active:
+            remaining = load.remaining - speed[load.batch_id] * step
+            if remaining <= load.remaining * 1e-9 + 1e-9:
+                done[load.batch_id] = now
+            else:
+                time_left = None if load.time_left is None else load.time_left - step
+                left.append(replace(load, remaining=remaining, time_left=time_left))
+        active = left
+    return done
+
+
+def fair_finish_times(loads: Sequence[Load], rate: float) -> dict[str, float]:
+    """finish_times under fair share, in O(n log n) when every batch is of its own
+    key or one key: shares then stay in proportion as batches finish, so batches
+    finish in the order of remaining/share (the deadline policy's quick check)."""
+    owners = {load.owner for load in loads}
+    if len(owners) > 1 and len(owners) < len(loads):
+        return finish_times(loads, rate)
+    split = fair_shares(loads)
+    order = sorted((load for load in loads if load.remaining > 0),
+                   key=lambda load: load.remaining / split[load.batch_id])
+    total = sum(split[load.batch_id] for load in order)
+    result = {load.batch_id: 0.0 for load in loads if load.remaining <= 0}
+    now = virtual = 0.0
+    for load in order:
+        share = split[load.batch_id]
+        now += (load.remaining / share - virtual) * total / rate
+        virtual = load.remaining / share
+        result[load.batch_id] = now
+        total -= share
+    return result
