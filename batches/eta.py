@@ -99,3 +99,23 @@ def fair_finish_times(loads: Sequence[Load], rate: float) -> dict[str, float]:
         result[load.batch_id] = now
         total -= share
     return result
+
+
+def request_cost(done: int, output_tokens: int, fallback: float = 1.0) -> float:
+    """What one request of a batch costs, in cost units: one plus its output tokens,
+    the batch's own mean once some of it finished, else `fallback` (its model's)."""
+    return 1.0 + output_tokens / done if done > 0 else fallback
+
+
+def busy_seconds(intervals: Sequence[tuple[float, float]]) -> float:
+    """The length of the union of [start, end) intervals: the time a model's
+    workers were running at least one of the chunks measured, idle gaps left out."""
+    total, reach = 0.0, None
+    for start, end in sorted(intervals):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total

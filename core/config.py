@@ -223,6 +223,14 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
     Setting("--max-completion-window", "BATCHGEN_MAX_COMPLETION_WINDOW_SECONDS", "604800",
             "the longest completion_window a batch may ask for, in seconds",
             kind=int, minimum=1),
+    # The deadline policy (batches/deadlines.py): off, dispatch is fair share alone.
+    Setting(None, "BATCHGEN_DEADLINE_POLICY", "true",
+            "give batches that would miss their completion window more share, least "
+            "slack first ('false': fair share alone)", kind=bool),
+    # OpenAI answers 200 to any window; a site that would rather refuse a window its
+    # ETA cannot keep says so here (400 completion_window_infeasible).
+    Setting("--strict-completion-window", "BATCHGEN_STRICT_COMPLETION_WINDOW", "false",
+            "refuse a batch whose ETA lies past its completion window", is_bool=True),
     # Webhooks (docs/operations.md, "Webhooks"): how long one delivery attempt may
     # take (connect, send, answer: each phase), and how long after its event a
     # delivery is retried before it is given up (OpenAI and Standard Webhooks: a day).

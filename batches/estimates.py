@@ -1,0 +1,135 @@
+"""Estimates: each model's measured throughput and each running batch's ETA and
+at_risk, cached on the rows. The control worker refreshes them every few seconds
+(batches.refresh_estimates) so that a poll reads a column instead of playing the
+scheduler: a refresh costs a fixed handful of queries plus one single-row UPDATE
+per batch whose estimate moved, whatever the number of polls.
+
+The model is batches/eta.py (a fluid play of the dispatcher's fair share) under the
+deadline policy dispatch applies (batches/deadlines.py). Its inputs, measured here:
+
+- a model's rate, in cost units (a request plus its output tokens) a second: its
+  last LAST_CHUNKS finished chunks' cost over the time its workers were running at
+  least one of them (chunk claim to finish, idle gaps left out), scaled from the
+  workers that ran them to the live workers holding the model now. A model that
+  no worker holds now (multiplexing) is planned on one worker after a swap (the
+  recent swaps' time, fleet.selectors.swap_seconds_estimate).
+- each batch's work left on each model: its open chunks' requests not yet done,
+  times its cost per request (its own mean so far, else the model's).
+
+The UPDATEs are single-row statements outside any transaction, so they hold no
+lock while waiting for another (docs/architecture.md, "Locks")."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime, timedelta
+
+from django.db.models import F, Sum
+from django.utils import timezone
+
+from batches import deadlines, eta
+from batches.dispatch import _model_filter, chunk_model
+from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, ModelThroughput
+from core.transient import retry_transient
+from fleet import selectors as fleet_selectors
+
+# Enough chunks to average over several workers' turns; few enough to follow a
+# change of workload within a minute or so.
+LAST_CHUNKS = 50
+OPEN = (ChunkStatus.PENDING, ChunkStatus.QUEUED, ChunkStatus.RUNNING)
+# An estimate that moved less than this is not written again.
+MOVED = timedelta(seconds=1)
+
+
+def model_throughput_measure(*, model: str, live_workers: int,
+                             now: datetime) -> ModelThroughput | None:
+    """Measure `model`'s rate from its last finished chunks and store it; the last
+    stored one (scaled to the live workers) when none finished yet; None if never."""
+    rows = list(Chunk.objects.filter(model__in=_model_filter(model), status=ChunkStatus.DONE,
+                                     claimed_at__isnull=False, finished_at__isnull=False)
+                .order_by("-finished_at")
+                .values_list("count", "claimed_at", "finished_at", "worker", "batch__completed",
+                             "batch__failed", "batch__usage_output_tokens")[:LAST_CHUNKS])
+    stored = ModelThroughput.objects.filter(model=model).first()
+    if not rows:
+        return stored
+    costs = [eta.request_cost(done + failed, tokens) for *_, done, failed, tokens in rows]
+    work = sum(count * cost for (count, *_), cost in zip(rows, costs, strict=True))
+    busy = eta.busy_seconds([(claimed.timestamp(), finished.timestamp())
+                             for _, claimed, finished, *_ in rows])
+    observed = len({row[3] for row in rows}) or 1
+    rate = work / max(busy, 0.001) * max(live_workers, 1) / observed
+    measured, _ = ModelThroughput.objects.update_or_create(model=model, defaults={
+        "rate": rate, "cost_per_request": work / sum(row[0] for row in rows),
+        "workers": live_workers, "measured_at": now})
+    return measured
+
+
+def open_work() -> dict[str, dict[str, int]]:
+    """Requests not yet done of each running batch, per served model: {model: {batch: n}}."""
+    left: dict[str, dict[str, int]] = defaultdict(dict)
+    rows = (Chunk.objects.filter(status__in=OPEN, batch__status=BatchStatus.IN_PROGRESS)
+            .values("batch_id", "model")
+            .annotate(left=Sum(F("count") - F("completed") - F("failed"))))
+    for row in rows:
+        model = chunk_model(row["model"])
+        left[model][row["batch_id"]] = left[model].get(row["batch_id"], 0) + max(row["left"], 0)
+    return left
+
+
+@retry_transient
+def estimates_refresh(now: datetime | None = None) -> int:
+    """Refresh every running batch's estimated_completion_at and at_risk; returns
+    how many rows moved."""
+    now = now or timezone.now()
+    batches = {row[0]: row for row in Batch.objects.filter(status=BatchStatus.IN_PROGRESS)
+               .values_list("id", "priority", "owner_id", "owner__weight", "expires_at",
+                            "completed", "failed", "usage_output_tokens",
+                            "estimated_completion_at", "at_risk")}
+    live = fleet_selectors.live_workers_by_model()
+    finish: dict[str, float | None] = {}
+    risky: set[str] = set()
+    for model, left in open_work().items():
+        measured = model_throughput_measure(model=model, live_workers=live.get(model, 0), now=now)
+        loads = [load_of(batches[batch_id], requests, measured, now)
+                 for batch_id, requests in left.items() if batch_id in batches]
+        if measured is None or measured.rate <= 0:
+            finish.update((load.batch_id, None) for load in loads)
+            continue
+        rate = measured.rate
+        delay = 0.0 if live.get(model, 0) else fleet_selectors.swap_seconds_estimate()
+        played = eta.finish_times(loads, rate, lambda active: deadlines.deadline_shares(active, rate))
+        for load in loads:
+            if deadlines.at_risk(load, rate):
+                risky.add(load.batch_id)
+            if load.batch_id in finish and finish[load.batch_id] is None:
+                continue
+            seconds = played[load.batch_id] + delay
+            finish[load.batch_id] = max(finish.get(load.batch_id) or 0.0, seconds)
+    moved = 0
+    for batch_id, row in batches.items():
+        seconds = finish.get(batch_id, 0.0)  # no open work: finalizing next
+        estimate = None if seconds is None else now + timedelta(seconds=seconds)
+        known, was_at_risk = row[8], row[9]
+        if (estimate is None) != (known is None) or was_at_risk != (batch_id in risky) or (
+                estimate is not None and abs(estimate - known) >= MOVED):
+            moved += Batch.objects.filter(id=batch_id, status=BatchStatus.IN_PROGRESS).update(
+                estimated_completion_at=estimate, at_risk=batch_id in risky)
+    return moved
+
+
+def load_of(row: tuple, requests: int, measured: ModelThroughput | None,
+            now: datetime) -> eta.Load:
+    """The ETA model's view of one batch's work on one model."""
+    batch_id, priority, owner_id, weight, expires_at, completed, failed, tokens = row[:8]
+    cost = eta.request_cost(completed + failed, tokens,
+                            measured.cost_per_request if measured else 1.0)
+    return eta.Load(batch_id=batch_id, remaining=requests * cost, priority=priority,
+                    owner=owner_id, weight=weight,
+                    time_left=(expires_at - now).total_seconds())
+
+
+def at_risk_count() -> int:
+    """Running batches whose window cannot be kept even with all capacity (/metrics)."""
+    return Batch.objects.filter(status=BatchStatus.IN_PROGRESS, at_risk=True).count()
+
