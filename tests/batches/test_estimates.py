@@ -1,0 +1,192 @@
+"""Each batch's ETA and at_risk (batches/estimates.py): measured from finished chunks
+of several workers, played under fair share, cached on the batch row and shown on
+the batch object. Run on PostgreSQL too (`make test`'s second pass)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from batches import chunks, dispatch, estimates
+from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, ModelThroughput
+from fleet.models import Worker
+from serving.model_info import served_model
+from tests.concurrency import require_concurrent_database, run_together
+
+pytestmark = pytest.mark.django_db
+
+
+def live_workers(count: int, model: str) -> None:
+    for n in range(Worker.objects.count(), count):
+        Worker.objects.create(name=f"w{n}", hostname="h", pid=n, engine="simulated",
+                              model=model, slots_capacity=8, ready=True,
+                              heartbeat_at=timezone.now())
+
+
+def finish(batch: Batch, indexes: range, *, workers: list[str], started, seconds: float,
+           output_tokens: int = 0) -> None:
+    """Chunks `indexes` of `batch` ran on `workers` (in turn) from `started` for
+    `seconds` each, all at once, and finished."""
+    done = 0
+    for position, index in enumerate(indexes):
+        chunk = Chunk.objects.get(batch=batch, index=index)
+        Chunk.objects.filter(id=chunk.id).update(
+            status=ChunkStatus.DONE, completed=chunk.count, worker=workers[position % len(workers)],
+            claimed_at=started, finished_at=started + timedelta(seconds=seconds))
+        done += chunk.count
+    Batch.objects.filter(id=batch.id).update(completed=done, usage_output_tokens=output_tokens)
+
+
+def test_the_eta_plays_fair_share_over_the_rate_of_several_workers(running_batch, api):
+    model = served_model().id
+    live_workers(2, model)
+    small, big = running_batch(10, chunk_size=2), running_batch(40, chunk_size=2)
+    now = timezone.now()
+    # Two workers each ran a chunk of 2 requests in the same 2 s: 2 requests a second.
+    finish(small, range(2), workers=["w0", "w1"], started=now - timedelta(seconds=10),
+           seconds=2)
+
+    estimates.estimates_refresh(now)
+
+    assert ModelThroughput.objects.get(model=model).rate == pytest.approx(2.0)
+    # Fair share: 1/s each until the small one's last 6 are done (6 s), then the big
+    # one's 34 left at 2/s (17 s more).
+    small_row, big_row = Batch.objects.get(id=small.id), Batch.objects.get(id=big.id)
+    assert (small_row.estimated_completion_at - now).total_seconds() == pytest.approx(6, abs=0.01)
+    assert (big_row.estimated_completion_at - now).total_seconds() == pytest.approx(23, abs=0.01)
+    shown = api.get(f"/v1/batches/{big.id}").json()
+    assert shown["estimated_completion_at"] == int(big_row.estimated_completion_at.timestamp())
+    assert shown["at_risk"] is False
+
+
+def test_twice_the_workers_halve_the_eta(running_batch):
+    model = served_model().id
+    live_workers(2, model)
+    batch = running_batch(20, chunk_size=2)
+    now = timezone.now()
+    finish(batch, range(2), workers=["w0", "w1"], started=now - timedelta(seconds=10), seconds=2)
+    estimates.estimates_refresh(now)
+    before = Batch.objects.get(id=batch.id).estimated_completion_at - now
+
+    live_workers(4, model)
+    estimates.estimates_refresh(now)
+
+    after = Batch.objects.get(id=batch.id).estimated_completion_at - now
+    assert after.total_seconds() == pytest.approx(before.total_seconds() / 2)
+
+
+def test_a_batch_of_long_answers_is_estimated_by_its_tokens(running_batch):
+    """The same number of requests, ten times the output tokens a request: ten
+    times the time (cost units are a request plus its output tokens)."""
+    model = served_model().id
+    live_workers(1, model)
+    short, long = running_batch(12, chunk_size=2), running_batch(12, chunk_size=2)
+    now = timezone.now()
+    finish(short, range(1), workers=["w0"], started=now - timedelta(seconds=20), seconds=1,
+           output_tokens=2 * 9)   # cost 10 a request
+    finish(long, range(1), workers=["w0"], started=now - timedelta(seconds=19), seconds=10,
+           output_tokens=2 * 99)  # cost 100 a request
+
+    estimates.estimates_refresh(now)
+
+    # 20 + 200 cost units in 11 busy seconds: 20 a second. Left: 100 and 1000 units.
+    rows = {row.id: (row.estimated_completion_at - now).total_seconds()
+            for row in Batch.objects.all()}
+    assert rows[short.id] == pytest.approx(100 / 10)  # half the model until done
+    assert rows[long.id] == pytest.approx(10 + 900 / 20)
+
+
+def test_eta_is_null_until_a_rate_is_measured_and_after_the_batch_ends(running_batch, api):
+    batch = running_batch(6, chunk_size=2)
+
+    estimates.estimates_refresh()
+
+    assert api.get(f"/v1/batches/{batch.id}").json()["estimated_completion_at"] is None
+    Batch.objects.filter(id=batch.id).update(status=BatchStatus.COMPLETED,
+                                             estimated_completion_at=timezone.now())
+    assert api.get(f"/v1/batches/{batch.id}").json()["estimated_completion_at"] is None
+
+
+def test_a_window_that_cannot_be_kept_with_the_whole_model_is_at_risk(running_batch, api):
+    model = served_model().id
+    live_workers(1, model)
+    batch = running_batch(40, chunk_size=2)
+    now = timezone.now()
+    finish(batch, range(1), workers=["w0"], started=now - timedelta(seconds=5), seconds=2)
+    # 1 request a second, 38 left, 10 s of window left.
+    Batch.objects.filter(id=batch.id).update(expires_at=now + timedelta(seconds=10))
+
+    estimates.estimates_refresh(now)
+
+    assert api.get(f"/v1/batches/{batch.id}").json()["at_risk"] is True
+    assert estimates.at_risk_count() == 1
+
+
+def test_a_refresh_that_moves_nothing_writes_nothing(running_batch, django_assert_max_num_queries):
+    model = served_model().id
+    live_workers(1, model)
+    batch = running_batch(10, chunk_size=2)
+    now = timezone.now()
+    finish(batch, range(1), workers=["w0"], started=now - timedelta(seconds=5), seconds=2)
+    assert estimates.estimates_refresh(now) == 1
+
+    assert estimates.estimates_refresh(now) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_refreshes_beside_several_workers_flushing_and_dispatching_never_deadlock(
+        upload, published, settings):
+    """Estimate refreshes, dispatches and four workers' progress flushes over chunks
+    of the same batches, at once (PostgreSQL: the lock order of DESIGN.md's facts)."""
+    require_concurrent_database()
+    from batches import services
+    from tests.conftest import chat_line, jsonl
+
+    settings.BATCHGEN_CHUNK_SIZE = 2
+    model = served_model().id
+    live_workers(4, model)
+    batches = []
+    for n in range(3):
+        batch = services.batch_create(
+            input_file_id=upload(jsonl([chat_line(f"b{n}-{i}") for i in range(24)]))["id"],
+            endpoint="/v1/chat/completions", model=model, completion_window="24h")
+        batches.append(services.batch_validate(batch_id=batch.id))
+    held: dict[str, list[int]] = {f"w{i}": [] for i in range(4)}
+    for position, chunk in enumerate(Chunk.objects.filter(index__lt=6).order_by("id")):
+        worker = f"w{position % 4}"
+        Chunk.objects.filter(id=chunk.id).update(status=ChunkStatus.QUEUED)
+        assert chunks.chunk_claim(chunk_id=chunk.id, worker=worker)
+        held[worker].append(chunk.id)
+    rounds, errors, lock = 10, [], threading.Lock()
+
+    def work(i: int):
+        try:
+            if i < 4:
+                name = f"w{i}"
+                for round_ in range(rounds):
+                    counts = {chunk_id: (1, 0) if round_ < 2 else (0, 0) for chunk_id in held[name]}
+                    if round_ == rounds - 1:
+                        chunks.chunks_flush(worker=name, closing=counts)
+                    else:
+                        chunks.chunks_flush(worker=name, progress=counts, holding=held[name])
+            elif i == 4:
+                for _ in range(rounds):
+                    dispatch.dispatch()
+            else:
+                for _ in range(rounds):
+                    estimates.estimates_refresh()
+        except BaseException as exc:
+            with lock:
+                errors.append(exc)
+            raise
+
+    run_together(6, work)
+
+    assert errors == []
+    estimates.estimates_refresh()
+    rows = Batch.objects.filter(id__in=[b.id for b in batches])
+    assert all(row.estimated_completion_at is not None for row in rows), [
+        (row.id, row.status) for row in rows]
