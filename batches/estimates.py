@@ -133,3 +133,44 @@ def at_risk_count() -> int:
     """Running batches whose window cannot be kept even with all capacity (/metrics)."""
     return Batch.objects.filter(status=BatchStatus.IN_PROGRESS, at_risk=True).count()
 
+
+
+# The head of an input file read to estimate its number of requests at create (a
+# millisecond or so); validation counts them exactly later.
+SAMPLE_BYTES = 1 << 20
+
+
+def requests_estimate(*, path, size: int) -> int:
+    """The requests of an input file, from the lines in its first SAMPLE_BYTES."""
+    with open(path, "rb") as handle:
+        head = handle.read(SAMPLE_BYTES)
+    if not head:
+        return 0
+    lines = head.count(b"\n") + (0 if head.endswith(b"\n") else 1)
+    return max(1, round(lines * size / len(head)))
+
+
+def admission_eta(*, model: str, requests: int, window_seconds: float, priority: int = 1,
+                  owner_id: int | None = None, weight: int | None = None,
+                  now: datetime | None = None) -> float | None:
+    """Seconds until a batch of `requests` created now would finish, played among the
+    running batches of `model` under the deadline policy; None while the model's rate
+    is unknown (then nothing can be said, and strict admission lets it in)."""
+    now = now or timezone.now()
+    measured = ModelThroughput.objects.filter(model=model).first()
+    if measured is None or measured.rate <= 0:
+        return None
+    left = open_work().get(model, {})
+    rows = {row[0]: row for row in Batch.objects.filter(id__in=list(left))
+            .values_list("id", "priority", "owner_id", "owner__weight", "expires_at",
+                         "completed", "failed", "usage_output_tokens")}
+    loads = [load_of(rows[batch_id], count, measured, now)
+             for batch_id, count in left.items() if batch_id in rows]
+    loads.append(eta.Load(batch_id="", remaining=requests * measured.cost_per_request,
+                          priority=priority, owner=owner_id, weight=weight,
+                          time_left=window_seconds))
+    rate = measured.rate
+    delay = 0.0 if fleet_selectors.live_workers_by_model().get(model) else \
+        fleet_selectors.swap_seconds_estimate()
+    played = eta.finish_times(loads, rate, lambda active: deadlines.deadline_shares(active, rate))
+    return played[""] + delay

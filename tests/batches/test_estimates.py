@@ -190,3 +190,40 @@ def test_refreshes_beside_several_workers_flushing_and_dispatching_never_deadloc
     rows = Batch.objects.filter(id__in=[b.id for b in batches])
     assert all(row.estimated_completion_at is not None for row in rows), [
         (row.id, row.status) for row in rows]
+
+
+@pytest.fixture
+def one_request_a_second(settings):
+    model = served_model().id
+    live_workers(1, model)
+    ModelThroughput.objects.create(model=model, rate=1.0, cost_per_request=1.0, workers=1,
+                                   measured_at=timezone.now())
+    settings.BATCHGEN_MIN_COMPLETION_WINDOW_SECONDS = 60
+
+
+def create_200(api, upload, window: str):
+    from tests.conftest import chat_line, jsonl
+
+    file = upload(jsonl([chat_line(f"r{i}") for i in range(200)]))
+    return api.post("/v1/batches", {"input_file_id": file["id"], "completion_window": window},
+                    format="json")
+
+
+def test_strict_admission_refuses_a_window_its_eta_cannot_keep_naming_the_eta(
+        api, upload, published, settings, one_request_a_second):
+    settings.BATCHGEN_STRICT_COMPLETION_WINDOW = True
+
+    response = create_200(api, upload, "2m")  # 200 requests at 1/s: 200 s
+
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "completion_window_infeasible"
+    assert error["param"] == "completion_window"
+    assert "in 200 seconds" in error["message"] and "Unix" in error["message"]
+    assert not Batch.objects.exists()
+    assert create_200(api, upload, "5m").status_code == 200
+
+
+def test_without_strict_admission_an_infeasible_window_is_taken_as_openai_would(
+        api, upload, published, one_request_a_second):
+    assert create_200(api, upload, "2m").status_code == 200
