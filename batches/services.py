@@ -113,18 +113,9 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
                  top_k: int | None = None, priority: int = 1, owner=None,
                  output_expires_after_seconds: int | None = None) -> Batch:
     """Check what is cheap, record the batch as `validating` and queue its
-    validation after commit. Never reads the input file here."""
-    files = File.objects.filter(owner=owner) if owner is not None else File.objects
-    try:
-        input_file = files.get(id=input_file_id)
-    except File.DoesNotExist:
-        raise BatchGenError(f"No such file: {input_file_id}", param="input_file_id",
-                            code="invalid_input_file") from None
-    if input_file.purpose != FilePurpose.BATCH:
-        raise BatchGenError(
-            f"File {input_file_id} has purpose {input_file.purpose!r}; a batch needs an "
-            "input file uploaded with purpose 'batch'.", param="input_file_id",
-            code="invalid_input_file")
+    validation after commit. Never reads the input file here (but for its head,
+    under strict admission)."""
+    input_file = _batch_input_file(input_file_id=input_file_id, owner=owner)
     quotas.quota_check_create(owner=owner)
     if settings.BATCHGEN_STRICT_COMPLETION_WINDOW:
         window_feasible_check(input_file=input_file, endpoint=endpoint,
@@ -169,6 +160,22 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
     logger.info("batch created batch_id=%s input_file_id=%s endpoint=%s", batch.id,
                 input_file_id, endpoint)
     return batch
+
+
+def _batch_input_file(*, input_file_id: str, owner) -> File:
+    """The input file a batch may be created on: the owner's, of purpose batch."""
+    files = File.objects.filter(owner=owner) if owner is not None else File.objects
+    try:
+        input_file = files.get(id=input_file_id)
+    except File.DoesNotExist:
+        raise BatchGenError(f"No such file: {input_file_id}", param="input_file_id",
+                            code="invalid_input_file") from None
+    if input_file.purpose != FilePurpose.BATCH:
+        raise BatchGenError(
+            f"File {input_file_id} has purpose {input_file.purpose!r}; a batch needs an "
+            "input file uploaded with purpose 'batch'.", param="input_file_id",
+            code="invalid_input_file")
+    return input_file
 
 
 def window_feasible_check(*, input_file: File, endpoint: str, window: str, priority: int,
