@@ -8,8 +8,9 @@ The model is batches/eta.py (a fluid play of the dispatcher's fair share) under 
 deadline policy dispatch applies (batches/deadlines.py). Its inputs, measured here:
 
 - a model's rate, in cost units (a request plus its output tokens) a second: its
-  last LAST_CHUNKS finished chunks' cost over the time its workers were running at
-  least one of them (chunk claim to finish, idle gaps left out), scaled from the
+  last LAST_CHUNKS finished chunks' cost, and what its running chunks did so far,
+  over the time its workers were running at least one of them (chunk claim to
+  finish or now, idle gaps left out), scaled from the
   workers that ran them to the live workers holding the model now. A model that
   no worker holds now (multiplexing) is planned on one worker after a swap (the
   recent swaps' time, fleet.selectors.swap_seconds_estimate).
@@ -24,6 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db.models import F, Sum
 from django.utils import timezone
 
@@ -50,8 +52,17 @@ def model_throughput_measure(*, model: str, live_workers: int,
                 .order_by("-finished_at")
                 .values_list("count", "claimed_at", "finished_at", "worker", "batch__completed",
                              "batch__failed", "batch__usage_output_tokens")[:LAST_CHUNKS])
+    # The chunks running now count with what they did so far: they shared the
+    # workers with the finished ones, and leaving them out would take the model for
+    # slower than it is (by the work in flight).
+    rows += [(done + failed, claimed, now, *rest) for done, failed, claimed, *rest in
+             Chunk.objects.filter(model__in=_model_filter(model), status=ChunkStatus.RUNNING,
+                                  claimed_at__isnull=False)
+             .values_list("completed", "failed", "claimed_at", "worker", "batch__completed",
+                          "batch__failed", "batch__usage_output_tokens")[:LAST_CHUNKS]]
     stored = ModelThroughput.objects.filter(model=model).first()
-    if not rows:
+    requests = sum(row[0] for row in rows)
+    if not requests:
         return stored
     costs = [eta.request_cost(done + failed, tokens) for *_, done, failed, tokens in rows]
     work = sum(count * cost for (count, *_), cost in zip(rows, costs, strict=True))
@@ -60,7 +71,7 @@ def model_throughput_measure(*, model: str, live_workers: int,
     observed = len({row[3] for row in rows}) or 1
     rate = work / max(busy, 0.001) * max(live_workers, 1) / observed
     measured, _ = ModelThroughput.objects.update_or_create(model=model, defaults={
-        "rate": rate, "cost_per_request": work / sum(row[0] for row in rows),
+        "rate": rate, "cost_per_request": work / requests,
         "workers": live_workers, "measured_at": now})
     return measured
 
@@ -98,7 +109,9 @@ def estimates_refresh(now: datetime | None = None) -> int:
             continue
         rate = measured.rate
         delay = 0.0 if live.get(model, 0) else fleet_selectors.swap_seconds_estimate()
-        played = eta.finish_times(loads, rate, lambda active: deadlines.deadline_shares(active, rate))
+        played = eta.finish_times(loads, rate,
+                                  lambda active: deadlines.deadline_shares(active, rate),
+                                  worker_rate=rate / max(live.get(model, 0), 1))
         for load in loads:
             if deadlines.at_risk(load, rate):
                 risky.add(load.batch_id)
@@ -125,7 +138,7 @@ def load_of(row: tuple, requests: int, measured: ModelThroughput | None,
     cost = eta.request_cost(completed + failed, tokens,
                             measured.cost_per_request if measured else 1.0)
     return eta.Load(batch_id=batch_id, remaining=requests * cost, priority=priority,
-                    owner=owner_id, weight=weight,
+                    owner=owner_id, weight=weight, chunk=settings.BATCHGEN_CHUNK_SIZE * cost,
                     time_left=(expires_at - now).total_seconds())
 
 
@@ -168,9 +181,12 @@ def admission_eta(*, model: str, requests: int, window_seconds: float, priority:
              for batch_id, count in left.items() if batch_id in rows]
     loads.append(eta.Load(batch_id="", remaining=requests * measured.cost_per_request,
                           priority=priority, owner=owner_id, weight=weight,
+                          chunk=settings.BATCHGEN_CHUNK_SIZE * measured.cost_per_request,
                           time_left=window_seconds))
     rate = measured.rate
     delay = 0.0 if fleet_selectors.live_workers_by_model().get(model) else \
         fleet_selectors.swap_seconds_estimate()
-    played = eta.finish_times(loads, rate, lambda active: deadlines.deadline_shares(active, rate))
+    workers = fleet_selectors.live_workers_by_model().get(model, 0)
+    played = eta.finish_times(loads, rate, lambda active: deadlines.deadline_shares(active, rate),
+                              worker_rate=rate / max(workers, 1))
     return played[""] + delay

@@ -21,6 +21,7 @@ deadline policy (batches/deadlines.py) that dispatch applies.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -35,6 +36,10 @@ class Load:
     owner: int | None = None  # the API key (None: an open server)
     weight: int | None = None  # the key's weight
     time_left: float | None = None  # seconds to its window's end (None: no window)
+    # Cost units of one of its chunks (None: no cap). A chunk runs on one worker, so
+    # a batch with k chunks left runs on k workers at most: its tail is one chunk on
+    # one worker, whatever its share.
+    chunk: float | None = None
 
 
 ShareFunction = Callable[[Sequence[Load]], dict[str, float]]
@@ -50,22 +55,50 @@ def fair_shares(loads: Sequence[Load]) -> dict[str, float]:
             for load in loads}
 
 
-def finish_times(loads: Sequence[Load], rate: float,
-                 shares: ShareFunction = fair_shares) -> dict[str, float]:
+def chunks_left(load: Load) -> int:
+    return max(1, math.ceil(load.remaining / load.chunk - 1e-9)) if load.chunk else 0
+
+
+def speeds(active: Sequence[Load], split: dict[str, float], rate: float,
+           worker_rate: float | None) -> dict[str, float]:
+    """Each batch's speed: the rate split by shares, a batch capped at its chunks
+    left times one worker's rate, what a capped batch cannot use going to the
+    others by their shares (water-filling)."""
+    speed: dict[str, float] = {}
+    free, room = rate, list(active)
+    while room:
+        total = sum(split[load.batch_id] for load in room)
+        capped = [load for load in room if worker_rate and load.chunk and
+                  chunks_left(load) * worker_rate < free * split[load.batch_id] / total]
+        if not capped:
+            speed.update((load.batch_id, free * split[load.batch_id] / total) for load in room)
+            return speed
+        for load in capped:
+            speed[load.batch_id] = chunks_left(load) * worker_rate
+            free -= speed[load.batch_id]
+        room = [load for load in room if load.batch_id not in speed]
+    return speed
+
+
+def finish_times(loads: Sequence[Load], rate: float, shares: ShareFunction = fair_shares,
+                 worker_rate: float | None = None) -> dict[str, float]:
     """Seconds from now until each batch's work on this model is done, playing the
     fluid split forward. `rate` is the model's throughput in cost units a second
-    (over all its workers); a batch with no work left finishes at 0. O(n^2) in the
-    batches of one model, a few hundred at most on a server."""
+    (over all its workers), `worker_rate` one worker's (None: no chunk caps); a
+    batch with no work left finishes at 0. O(n^2) in the batches of one model
+    times their chunks, a few hundred batches at most on a server."""
     done = {load.batch_id: 0.0 for load in loads if load.remaining <= 0}
     active = [load for load in loads if load.remaining > 0]
     if rate <= 0:
         raise ValueError("finish_times needs a positive rate")
     now = 0.0
     while active:
-        split = shares(active)
-        total = sum(split.values())
-        speed = {load.batch_id: rate * split[load.batch_id] / total for load in active}
+        speed = speeds(active, shares(active), rate, worker_rate)
         step = min(load.remaining / speed[load.batch_id] for load in active)
+        if worker_rate:  # until the next chunk ends: the caps move then
+            step = min([step] + [(load.remaining - (chunks_left(load) - 1) * load.chunk)
+                                 / speed[load.batch_id]
+                                 for load in active if load.chunk and chunks_left(load) > 1])
         now += step
         left = []
         for load in active:
