@@ -14,9 +14,11 @@ Promise (`deadline_shares`, pure, over the frozen `eta.Load`s of one model):
    nothing is set aside for it (it cannot be saved without breaking another
    window: "where capacity allows"), and it is shown `at_risk` when even the
    whole model could not finish it in time.
-3. What is left over is split among all batches in proportion to their fair shares,
-   so no batch starves (every share stays above zero) and, with slack to spare,
-   the windows kept under fair share are still kept.
+3. What is left over goes to the batches being saved, by their fair shares (a
+   margin for what a steady pace does not see: a chunk thread to free up first,
+   the chunks already running); to all batches if none can be saved. No batch
+   starves (every share stays at 1 % of its fair share or more), and the windows
+   kept under fair share are still kept (each is held to what keeps it).
 4. The shares returned sum to the fair shares' sum (dispatch's passes keep their
    scale), and the answer depends only on the loads and the rate.
 
@@ -75,8 +77,15 @@ def deadline_shares(loads: Sequence[Load], rate: float) -> dict[str, float]:
             budget -= want
         else:
             given[load.batch_id] = 0.0  # stays at what the leftover gives it
+    # The rest goes to the batches being saved, so they finish with a margin for
+    # what the steady pace does not see (a chunk thread to free up first, the
+    # chunks already running); to everyone if none can be saved.
+    saved = {batch_id for batch_id in missing if given[batch_id] > 0} or set(fraction)
+    saved_total = sum(fraction[batch_id] for batch_id in saved)
     leftover = max(budget, 0.0)
-    shares = {load.batch_id: max(given[load.batch_id] + leftover * fraction[load.batch_id],
+    shares = {load.batch_id: max(given[load.batch_id] + (leftover * fraction[load.batch_id]
+                                                         / saved_total
+                                                         if load.batch_id in saved else 0.0),
                                  FLOOR * fraction[load.batch_id]) for load in loads}
     total = sum(shares.values())
     return {batch_id: share / total * fair_total for batch_id, share in shares.items()}

@@ -45,6 +45,7 @@ from batches.deadlines import deadline_shares  # noqa: E402
 from batches.eta import Load, busy_seconds, fair_shares, finish_times, request_cost  # noqa: E402
 
 CHUNK = 200
+THREADS = 4  # chunk threads a worker runs at once
 REFRESH = 5.0
 LAST_CHUNKS = 50
 CHECKPOINTS = (0.10, 0.25, 0.50)
@@ -257,7 +258,7 @@ def accuracy(args) -> dict:
         rng = random.Random(seed)
         for workers in (2, 4):
             batches = mixed_workload(rng, args.batches, args.largest)
-            simulate(batches, workers=workers, threads=4, token_seconds=args.token_seconds,
+            simulate(batches, workers=workers, threads=THREADS, token_seconds=args.token_seconds,
                      prefill_weight=args.prefill_weight, policy=True)
             for key, values in errors(batches).items():
                 pooled[key].extend(values)
@@ -283,14 +284,16 @@ def deadlines(args) -> dict:
                 long.append(SimBatch(id=f"long{i}", owner=i, arrive=0.0, window=86400,
                                      outputs=outputs, prompts=prompts))
             outputs, prompts = lengths(rng, args.short_requests, 100)
-            alone = (sum(outputs) + len(outputs) + args.prefill_weight * sum(prompts)) \
-                * args.token_seconds / args.workers
-            # A window twice what the batch takes with the whole fleet: feasible, but
-            # well short of a quarter share's time behind three long batches.
-            short = SimBatch(id="short", owner=3, arrive=60.0, window=max(2.0 * alone, 60.0),
+            work = (sum(outputs) + len(outputs) + args.prefill_weight * sum(prompts)) \
+                * args.token_seconds
+            # Feasible: --short-slack times what the batch takes with the whole fleet, plus a chunk's
+            # time for a chunk thread to free up; short of its fair quarter share.
+            chunk_time = work / len(outputs) * CHUNK * THREADS
+            short = SimBatch(id="short", owner=3, arrive=60.0,
+                             window=args.short_slack * work / args.workers + chunk_time,
                              outputs=outputs, prompts=prompts)
             batches = [*long, short]
-            simulate(batches, workers=args.workers, threads=4, token_seconds=args.token_seconds,
+            simulate(batches, workers=args.workers, threads=THREADS, token_seconds=args.token_seconds,
                      prefill_weight=args.prefill_weight, policy=policy)
             for batch in batches:
                 feasible += 1
@@ -321,7 +324,10 @@ def main() -> None:
                         help="cost of a prompt token against an output token (unseen)")
     parser.add_argument("--workers", type=int, default=4, help="workers (deadline scenario)")
     parser.add_argument("--long-requests", type=int, default=10_000)
-    parser.add_argument("--short-requests", type=int, default=1_000)
+    parser.add_argument("--short-requests", type=int, default=4_000)
+    parser.add_argument("--short-slack", type=float, default=1.5,
+                        help="the short window: this times its work on the whole fleet, "
+                             "plus a chunk's time")
     args = parser.parse_args()
     if args.quick:
         args.seeds, args.largest, args.long_requests = 1, 5_000, 2_000
