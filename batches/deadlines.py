@@ -63,8 +63,12 @@ def deadline_shares(loads: Sequence[Load], rate: float) -> dict[str, float]:
     missing = late(loads, rate)
     if not missing:
         return fair
+    # Fractions of the model's cost units: dispatch shares requests, so a batch's
+    # part of the workers' time is its share times its cost per request.
+    cost = {load.batch_id: load.cost for load in loads}
     fair_total = sum(fair.values())
-    fraction = {batch_id: share / fair_total for batch_id, share in fair.items()}
+    weighted = sum(share * cost[batch_id] for batch_id, share in fair.items())
+    fraction = {batch_id: share * cost[batch_id] / weighted for batch_id, share in fair.items()}
     given = {load.batch_id: needed(load, rate) for load in loads
              if load.batch_id not in missing}
     budget = 1.0 - sum(given.values())
@@ -87,6 +91,8 @@ def deadline_shares(loads: Sequence[Load], rate: float) -> dict[str, float]:
                                                          / saved_total
                                                          if load.batch_id in saved else 0.0),
                                  FLOOR * fraction[load.batch_id]) for load in loads}
+    # Back to request shares for dispatch, with the fair shares' sum.
+    shares = {batch_id: share / cost[batch_id] for batch_id, share in shares.items()}
     total = sum(shares.values())
     return {batch_id: share / total * fair_total for batch_id, share in shares.items()}
 

@@ -174,12 +174,13 @@ def deadline_adjusted(model: str, candidates: list[tuple], shares: dict[str, flo
     if measured is None or measured.rate <= 0:
         return shares
     now = timezone.now()
-    loads = [Load(batch_id=batch_id, priority=priority, owner=owner_id, weight=weight,
-                  remaining=max(total - completed - failed, 0) * request_cost(
-                      completed + failed, tokens, measured.cost_per_request),
-                  time_left=(expires_at - now).total_seconds())
-             for _, batch_id, priority, owner_id, weight, expires_at, total, completed, failed,
-             tokens in candidates]
+    loads = []
+    for _, batch_id, priority, owner_id, weight, expires_at, total, completed, failed, \
+            tokens in candidates:
+        cost = request_cost(completed + failed, tokens, measured.cost_per_request)
+        loads.append(Load(batch_id=batch_id, priority=priority, owner=owner_id, weight=weight,
+                          remaining=max(total - completed - failed, 0) * cost, cost=cost,
+                          time_left=(expires_at - now).total_seconds()))
     return deadline_shares(loads, measured.rate)
 
 

@@ -139,6 +139,7 @@ def load_of(row: tuple, requests: int, measured: ModelThroughput | None,
                             measured.cost_per_request if measured else 1.0)
     return eta.Load(batch_id=batch_id, remaining=requests * cost, priority=priority,
                     owner=owner_id, weight=weight, chunk=settings.BATCHGEN_CHUNK_SIZE * cost,
+                    cost=cost,
                     time_left=(expires_at - now).total_seconds())
 
 
@@ -182,7 +183,7 @@ def admission_eta(*, model: str, requests: int, window_seconds: float, priority:
     loads.append(eta.Load(batch_id="", remaining=requests * measured.cost_per_request,
                           priority=priority, owner=owner_id, weight=weight,
                           chunk=settings.BATCHGEN_CHUNK_SIZE * measured.cost_per_request,
-                          time_left=window_seconds))
+                          cost=measured.cost_per_request, time_left=window_seconds))
     rate = measured.rate
     delay = 0.0 if fleet_selectors.live_workers_by_model().get(model) else \
         fleet_selectors.swap_seconds_estimate()

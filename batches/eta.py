@@ -40,6 +40,10 @@ class Load:
     # a batch with k chunks left runs on k workers at most: its tail is one chunk on
     # one worker, whatever its share.
     chunk: float | None = None
+    # Cost units of one of its requests. Dispatch shares requests (a chunk's count
+    # moves its pass), so a batch's part of the model's cost units is its share
+    # times its cost per request: long answers take more of the workers' time.
+    cost: float = 1.0
 
 
 ShareFunction = Callable[[Sequence[Load]], dict[str, float]]
@@ -93,7 +97,9 @@ def finish_times(loads: Sequence[Load], rate: float, shares: ShareFunction = fai
         raise ValueError("finish_times needs a positive rate")
     now = 0.0
     while active:
-        speed = speeds(active, shares(active), rate, worker_rate)
+        split = shares(active)
+        speed = speeds(active, {load.batch_id: split[load.batch_id] * load.cost
+                                for load in active}, rate, worker_rate)
         step = min(load.remaining / speed[load.batch_id] for load in active)
         if worker_rate:  # until the next chunk ends: the caps move then
             step = min([step] + [(load.remaining - (chunks_left(load) - 1) * load.chunk)
@@ -119,7 +125,8 @@ def fair_finish_times(loads: Sequence[Load], rate: float) -> dict[str, float]:
     owners = {load.owner for load in loads}
     if len(owners) > 1 and len(owners) < len(loads):
         return finish_times(loads, rate)
-    split = fair_shares(loads)
+    split = {batch_id: share * load.cost for (batch_id, share), load
+             in zip(fair_shares(loads).items(), loads, strict=True)}
     order = sorted((load for load in loads if load.remaining > 0),
                    key=lambda load: load.remaining / split[load.batch_id])
     total = sum(split[load.batch_id] for load in order)

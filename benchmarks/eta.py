@@ -115,7 +115,7 @@ class Fleet:
             cost = request_cost(round(batch.done), round(batch.out_done), self.cost_per_request)
             loads.append(Load(batch_id=batch.id, remaining=(batch.total - batch.done) * cost,
                               owner=batch.owner, time_left=batch.arrive + batch.window - self.now,
-                              chunk=CHUNK * cost))
+                              chunk=CHUNK * cost, cost=cost))
         return loads
 
     def active(self) -> list[SimBatch]:

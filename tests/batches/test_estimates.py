@@ -84,8 +84,8 @@ def test_more_workers_shorten_the_eta_down_to_a_chunk_on_one_worker(running_batc
 
 
 def test_a_batch_of_long_answers_is_estimated_by_its_tokens(running_batch):
-    """The same number of requests, ten times the output tokens a request: ten
-    times the time (cost units are a request plus its output tokens)."""
+    """Ten times the output tokens a request take ten times the workers' time (cost
+    units are a request plus its output tokens)."""
     model = served_model().id
     live_workers(1, model)
     short, long = running_batch(12, chunk_size=2), running_batch(12, chunk_size=2)
@@ -97,11 +97,14 @@ def test_a_batch_of_long_answers_is_estimated_by_its_tokens(running_batch):
 
     estimates.estimates_refresh(now)
 
-    # 20 + 200 cost units in 11 busy seconds: 20 a second. Left: 100 and 1000 units.
+    # 20 + 200 cost units in 11 busy seconds: 20 a second. Left: 10 requests each,
+    # 100 and 1000 units. Dispatch shares requests, so both run at the same requests
+    # a second and finish together, after the 1100 units at 20 a second.
     rows = {row.id: (row.estimated_completion_at - now).total_seconds()
             for row in Batch.objects.all()}
-    assert rows[short.id] == pytest.approx(100 / 10)  # half the model until done
-    assert rows[long.id] == pytest.approx(10 + 900 / 20)
+    assert ModelThroughput.objects.get(model=model).rate == pytest.approx(20)
+    assert rows[short.id] == pytest.approx(55)
+    assert rows[long.id] == pytest.approx(55)
 
 
 def test_eta_is_null_until_a_rate_is_measured_and_after_the_batch_ends(running_batch, api):
