@@ -7,10 +7,10 @@ per batch whose estimate moved, whatever the number of polls.
 The model is batches/eta.py (a fluid play of the dispatcher's fair share) under the
 deadline policy dispatch applies (batches/deadlines.py). Its inputs, measured here:
 
-- a model's rate, in cost units (a request plus its output tokens) a second: its
-  last LAST_CHUNKS finished chunks' cost, and what its running chunks did so far,
-  over the time its workers were running at least one of them (chunk claim to
-  finish or now, idle gaps left out), scaled from the
+- a model's rate, in cost units (a request plus its output tokens) a second: the
+  work of its last LAST_CHUNKS finished chunks and of its running ones since the
+  earliest of those finished, over the time since then its workers were running at
+  least one of them (eta.measured_rate, idle gaps left out), scaled from the
   workers that ran them to the live workers holding the model now. A model that
   no worker holds now (multiplexing) is planned on one worker after a swap (the
   recent swaps' time, fleet.selectors.swap_seconds_estimate).
@@ -66,10 +66,13 @@ def model_throughput_measure(*, model: str, live_workers: int,
         return stored
     costs = [eta.request_cost(done + failed, tokens) for *_, done, failed, tokens in rows]
     work = sum(count * cost for (count, *_), cost in zip(rows, costs, strict=True))
-    busy = eta.busy_seconds([(claimed.timestamp(), finished.timestamp())
-                             for _, claimed, finished, *_ in rows])
+    rate = eta.measured_rate([(claimed.timestamp(), finished.timestamp(), count * cost)
+                              for (count, claimed, finished, *_), cost
+                              in zip(rows, costs, strict=True)])
+    if rate is None:
+        return stored
     observed = len({row[3] for row in rows}) or 1
-    rate = work / max(busy, 0.001) * max(live_workers, 1) / observed
+    rate *= max(live_workers, 1) / observed
     measured, _ = ModelThroughput.objects.update_or_create(model=model, defaults={
         "rate": rate, "cost_per_request": work / requests,
         "workers": live_workers, "measured_at": now})

@@ -159,3 +159,26 @@ def busy_seconds(intervals: Sequence[tuple[float, float]]) -> float:
             total += end - reach
             reach = end
     return total
+
+
+def measured_rate(chunks: Sequence[tuple[float, float, float]]) -> float | None:
+    """Cost units a second from chunks as (claimed, finished or now, work done): the
+    work done since the earliest of them finished, over the time since then that at
+    least one ran. Starting there rather than at the earliest claim counts every
+    chunk that ran in the window (the older ones had finished before it), so work
+    in flight is neither lost nor counted twice; a chunk's work is taken as spread
+    evenly over its run. While that window is empty (the chunks measured all ended
+    together), all of their work over all of their busy time; None without any."""
+    whole = busy_seconds([(start, end) for start, end, _ in chunks])
+    total = sum(done for _, _, done in chunks)
+    fallback = total / whole if whole > 0 and total > 0 else None
+    since = min((end for _, end, _ in chunks), default=0.0)
+    work, spans = 0.0, []
+    for start, end, done in chunks:
+        if end <= since or end <= start:
+            continue
+        begin = max(start, since)
+        work += done * (end - begin) / (end - start)
+        spans.append((begin, end))
+    busy = busy_seconds(spans)
+    return work / busy if busy > 0 and work > 0 else fallback

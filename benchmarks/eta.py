@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import print_table, write_results  # noqa: E402
 
 from batches.deadlines import deadline_shares  # noqa: E402
-from batches.eta import Load, busy_seconds, fair_shares, finish_times, request_cost  # noqa: E402
+from batches.eta import Load, fair_shares, finish_times, measured_rate, request_cost  # noqa: E402
 
 CHUNK = 200
 THREADS = 4  # chunk threads a worker runs at once
@@ -104,9 +104,12 @@ class Fleet:
         by_id = {b.id: b for b in self.batches}
         costs = [count * request_cost(round(by_id[bid].done), round(by_id[bid].out_done))
                  for _, _, count, bid, _ in last]
-        busy = busy_seconds([(start, end) for start, end, *_ in last])
+        rate = measured_rate([(start, end, cost) for (start, end, *_), cost
+                              in zip(last, costs, strict=True)])
+        if rate is None:
+            return
         observed = len({worker for *_, worker in last})
-        self.rate = sum(costs) / max(busy, 1e-3) * self.workers / observed
+        self.rate = rate * self.workers / observed
         self.cost_per_request = sum(costs) / sum(count for _, _, count, _, _ in last)
 
     def loads(self) -> list[Load]:

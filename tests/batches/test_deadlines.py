@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from batches.deadlines import at_risk, deadline_shares, late
-from batches.eta import Load, busy_seconds, fair_finish_times, fair_shares, finish_times
+from batches.eta import (
+    Load,
+    busy_seconds,
+    fair_finish_times,
+    fair_shares,
+    finish_times,
+    measured_rate,
+)
 
 DAY = 86400.0
 
@@ -96,3 +103,19 @@ def test_a_batch_that_misses_even_with_the_whole_model_is_at_risk():
     assert at_risk(Load("x", 1000, time_left=50), rate=10)
     assert not at_risk(Load("x", 1000, time_left=150), rate=10)
     assert not at_risk(Load("x", 1000), rate=10)
+
+
+def test_the_rate_counts_work_in_flight_once_from_the_earliest_finish():
+    # Two workers, one chunk each at a time, 10 units a second each: chunks of 100
+    # units take 10 s. Measured: one finished at 10 s, one finished at 15 s (started
+    # at 5 s), one running since 10 s, half done at 15 s.
+    chunks = [(0.0, 10.0, 100.0), (5.0, 15.0, 100.0), (10.0, 15.0, 50.0)]
+
+    # From 10 s to 15 s: half of the second chunk and the running one's 50: 100 units
+    # in 5 s. Claim to finish over the whole (250 units in 15 s) would say 16.7.
+    assert measured_rate(chunks) == pytest.approx(20.0)
+
+
+def test_chunks_that_all_ended_together_are_measured_over_their_busy_time():
+    assert measured_rate([(0.0, 2.0, 4.0), (0.0, 2.0, 4.0)]) == pytest.approx(4.0)
+    assert measured_rate([]) is None
