@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from datetime import datetime, timedelta
+from functools import partial
 
 from django.conf import settings
 from django.db.models import F, Sum
@@ -113,7 +114,7 @@ def estimates_refresh(now: datetime | None = None) -> int:
         rate = measured.rate
         delay = 0.0 if live.get(model, 0) else fleet_selectors.swap_seconds_estimate()
         played = eta.finish_times(loads, rate,
-                                  lambda active: deadlines.deadline_shares(active, rate),
+                                  partial(deadlines.deadline_shares, rate=rate),
                                   worker_rate=rate / max(live.get(model, 0), 1))
         for load in loads:
             if deadlines.at_risk(load, rate):

@@ -14,6 +14,7 @@ from django.utils import timezone
 from batches import intake, quotas
 from batches.chunks import OPEN_CHUNKS, batches_without_open_chunks, chunks_skip_queued
 from batches.dispatch import dispatch, send_validate, starting_pass
+from batches.estimates import admission_eta, requests_estimate
 from batches.locks import lock_control
 from batches.models import (
     ACTIVE_STATUSES,
@@ -28,7 +29,6 @@ from batches.models import (
 from batches.signals import batch_finished
 from batches.usage import USAGE_COLUMNS, batch_usage, output_digest_and_usage
 from batches.validation import ValidationReport, validate_file
-from batches.estimates import admission_eta, requests_estimate
 from batches.windows import window_seconds
 from core.errors import BatchGenError, CapacityFull, NotFound, is_storage_full
 from core.ids import new_id

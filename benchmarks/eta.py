@@ -261,8 +261,9 @@ def accuracy(args) -> dict:
         rng = random.Random(seed)
         for workers in (2, 4):
             batches = mixed_workload(rng, args.batches, args.largest)
-            simulate(batches, workers=workers, threads=THREADS, token_seconds=args.token_seconds,
-                     prefill_weight=args.prefill_weight, policy=True)
+            simulate(batches, workers=workers, threads=THREADS,
+                     token_seconds=args.token_seconds, prefill_weight=args.prefill_weight,
+                     policy=True)
             for key, values in errors(batches).items():
                 pooled[key].extend(values)
     rows = [[key, len(values), statistics.median(values) if values else float("nan"),
@@ -289,15 +290,17 @@ def deadlines(args) -> dict:
             outputs, prompts = lengths(rng, args.short_requests, 100)
             work = (sum(outputs) + len(outputs) + args.prefill_weight * sum(prompts)) \
                 * args.token_seconds
-            # Feasible: --short-slack times what the batch takes with the whole fleet, plus a chunk's
-            # time for a chunk thread to free up; short of its fair quarter share.
+            # Feasible: --short-slack times what the batch takes with the whole
+            # fleet, plus a chunk's time for a chunk thread to free up; short of
+            # its fair quarter share.
             chunk_time = work / len(outputs) * CHUNK * THREADS
             short = SimBatch(id="short", owner=3, arrive=60.0,
                              window=args.short_slack * work / args.workers + chunk_time,
                              outputs=outputs, prompts=prompts)
             batches = [*long, short]
-            simulate(batches, workers=args.workers, threads=THREADS, token_seconds=args.token_seconds,
-                     prefill_weight=args.prefill_weight, policy=policy)
+            simulate(batches, workers=args.workers, threads=THREADS,
+                     token_seconds=args.token_seconds, prefill_weight=args.prefill_weight,
+                     policy=policy)
             for batch in batches:
                 feasible += 1
                 ok = batch.finished <= batch.arrive + batch.window
