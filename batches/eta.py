@@ -95,16 +95,20 @@ def finish_times(loads: Sequence[Load], rate: float, shares: ShareFunction = fai
     active = [load for load in loads if load.remaining > 0]
     if rate <= 0:
         raise ValueError("finish_times needs a positive rate")
-    now = 0.0
+    now, split, members = 0.0, {}, None
     while active:
-        split = shares(active)
+        if members != len(active):  # the shares move when a batch finishes
+            split, members = shares(active), len(active)
         speed = speeds(active, {load.batch_id: split[load.batch_id] * load.cost
                                 for load in active}, rate, worker_rate)
         step = min(load.remaining / speed[load.batch_id] for load in active)
-        if worker_rate:  # until the next chunk ends: the caps move then
-            step = min([step] + [(load.remaining - (chunks_left(load) - 1) * load.chunk)
-                                 / speed[load.batch_id]
-                                 for load in active if load.chunk and chunks_left(load) > 1])
+        if worker_rate:
+            # Until a batch's chunks left next drop where its cap can bind (fewer
+            # than the workers): the caps move then, and only then.
+            workers = max(1, math.floor(rate / worker_rate + 1e-9))
+            step = min([step] + [(load.remaining - min(chunks_left(load) - 1, workers)
+                                  * load.chunk) / speed[load.batch_id] for load in active
+                                 if load.chunk and chunks_left(load) > 1])
         now += step
         left = []
         for load in active:
@@ -119,12 +123,11 @@ def finish_times(loads: Sequence[Load], rate: float, shares: ShareFunction = fai
 
 
 def fair_finish_times(loads: Sequence[Load], rate: float) -> dict[str, float]:
-    """finish_times under fair share, in O(n log n) when every batch is of its own
-    key or one key: shares then stay in proportion as batches finish, so batches
-    finish in the order of remaining/share (the deadline policy's quick check)."""
-    owners = {load.owner for load in loads}
-    if len(owners) > 1 and len(owners) < len(loads):
-        return finish_times(loads, rate)
+    """finish_times under fair share without chunk caps, in O(n log n): exact when
+    every batch is of its own key or all of one (shares then stay in proportion as
+    batches finish, so they finish in the order of remaining / share); with several
+    batches on several keys it keeps the shares of the start (a key's batch does not
+    inherit its sibling's share), a slight pessimism for the policy's quick check."""
     split = {batch_id: share * load.cost for (batch_id, share), load
              in zip(fair_shares(loads).items(), loads, strict=True)}
     order = sorted((load for load in loads if load.remaining > 0),
