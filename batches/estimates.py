@@ -1,8 +1,9 @@
 """Estimates: each model's measured throughput and each running batch's ETA and
 at_risk, cached on the rows. The control worker refreshes them every few seconds
 (batches.refresh_estimates) so that a poll reads a column instead of playing the
-scheduler: a refresh costs a fixed handful of queries plus one single-row UPDATE
-per batch whose estimate moved, whatever the number of polls.
+scheduler: a refresh costs a fixed handful of queries (two per model) plus one
+single-row UPDATE per batch whose estimate moved (by 1 s and 1 % of its time to
+go), whatever the number of polls.
 
 The model is batches/eta.py (a fluid play of the dispatcher's fair share) under the
 deadline policy dispatch applies (batches/deadlines.py). Its inputs, measured here:
@@ -40,8 +41,11 @@ from fleet import selectors as fleet_selectors
 # change of workload within a minute or so.
 LAST_CHUNKS = 50
 OPEN = (ChunkStatus.PENDING, ChunkStatus.QUEUED, ChunkStatus.RUNNING)
-# An estimate that moved less than this is not written again.
+# An estimate that moved less than this, or less than this fraction of the time it
+# still has to go, is not written again: a day-long batch's row is not rewritten
+# every 5 s for noise.
 MOVED = timedelta(seconds=1)
+MOVED_FRACTION = 0.01
 
 
 def model_throughput_measure(*, model: str, live_workers: int,
@@ -129,7 +133,8 @@ def estimates_refresh(now: datetime | None = None) -> int:
         estimate = None if seconds is None else now + timedelta(seconds=seconds)
         known, was_at_risk = row[8], row[9]
         if (estimate is None) != (known is None) or was_at_risk != (batch_id in risky) or (
-                estimate is not None and abs(estimate - known) >= MOVED):
+                estimate is not None and abs(estimate - known) >= max(
+                    MOVED, (estimate - now) * MOVED_FRACTION)):
             moved += Batch.objects.filter(id=batch_id, status=BatchStatus.IN_PROGRESS).update(
                 estimated_completion_at=estimate, at_risk=batch_id in risky)
     return moved

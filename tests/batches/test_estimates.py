@@ -235,3 +235,27 @@ def test_strict_admission_refuses_a_window_its_eta_cannot_keep_naming_the_eta(
 def test_without_strict_admission_an_infeasible_window_is_taken_as_openai_would(
         api, upload, published, one_request_a_second):
     assert create_200(api, upload, "2m").status_code == 200
+
+
+def test_a_refresh_reads_the_same_few_queries_for_two_batches_or_eight(running_batch):
+    """Polls read the cached column; the refresh itself must not read per batch."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    model = served_model().id
+    live_workers(2, model)
+    first = running_batch(10, chunk_size=2)
+    running_batch(10, chunk_size=2)
+    now = timezone.now()
+    finish(first, range(2), workers=["w0", "w1"], started=now - timedelta(seconds=10), seconds=2)
+    estimates.estimates_refresh(now)
+    with CaptureQueriesContext(connection) as two:
+        assert estimates.estimates_refresh(now) == 0
+    for _ in range(6):
+        running_batch(10, chunk_size=2)
+    estimates.estimates_refresh(now)
+
+    with CaptureQueriesContext(connection) as eight:
+        assert estimates.estimates_refresh(now) == 0
+
+    assert len(eight.captured_queries) == len(two.captured_queries) <= 12
