@@ -3,6 +3,8 @@ their own: pure functions, a table of cases each."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from batches.deadlines import at_risk, deadline_shares, late
@@ -119,3 +121,69 @@ def test_the_rate_counts_work_in_flight_once_from_the_earliest_finish():
 def test_chunks_that_all_ended_together_are_measured_over_their_busy_time():
     assert measured_rate([(0.0, 2.0, 4.0), (0.0, 2.0, 4.0)]) == pytest.approx(4.0)
     assert measured_rate([]) is None
+
+
+# --- wired into dispatch ------------------------------------------------------------------
+
+
+@pytest.fixture
+def behind_two_long_batches(api, upload, settings, published, monkeypatch,
+                            django_capture_on_commit_callbacks):
+    """Two 24 h batches of 40 requests and, behind them, 20 requests with a 40 s
+    window, on a model measured at 1 request a second: fair share (a third each)
+    would finish the short one after 60 s."""
+    from django.utils import timezone
+
+    from batches import services
+    from batches.models import ModelThroughput
+    from serving.model_info import served_model
+    from tests.conftest import chat_line, jsonl
+
+    settings.BATCHGEN_CHUNK_SIZE = 1
+    settings.BATCHGEN_MIN_COMPLETION_WINDOW_SECONDS = 1
+    model = served_model().id
+    ModelThroughput.objects.create(model=model, rate=1.0, cost_per_request=1.0, workers=1,
+                                   measured_at=timezone.now())
+    made = []
+    for requests, window in ((40, "24h"), (40, "24h"), (20, "40s")):
+        file = upload(jsonl([chat_line(f"r{i}") for i in range(requests)]))
+        batch = services.batch_create(input_file_id=file["id"], endpoint="/v1/chat/completions",
+                                      model=model, completion_window=window)
+        with django_capture_on_commit_callbacks(execute=False):  # no dispatch yet
+            made.append(services.batch_validate(batch_id=batch.id))
+    monkeypatch.setattr("fleet.selectors.dispatch_window", lambda model: 30)
+    return made
+
+
+def dispatched() -> Counter:
+    from batches.models import Chunk, ChunkStatus
+
+    return Counter(Chunk.objects.filter(status=ChunkStatus.QUEUED)
+                   .values_list("batch_id", flat=True))
+
+
+@pytest.mark.django_db
+def test_dispatch_gives_a_batch_that_would_miss_its_window_the_share_it_needs(
+        behind_two_long_batches):
+    from batches import dispatch
+
+    long1, long2, short = behind_two_long_batches
+
+    assert dispatch.dispatch() == 30
+
+    by_batch = dispatched()
+    assert by_batch[short.id] == 20  # every one of its requests goes first
+    assert by_batch[long1.id] + by_batch[long2.id] == 10
+
+
+@pytest.mark.django_db
+def test_without_the_deadline_policy_dispatch_is_fair_share_alone(
+        behind_two_long_batches, settings):
+    from batches import dispatch
+
+    settings.BATCHGEN_DEADLINE_POLICY = False
+    long1, long2, short = behind_two_long_batches
+
+    assert dispatch.dispatch() == 30
+
+    assert dispatched() == {long1.id: 10, long2.id: 10, short.id: 10}
