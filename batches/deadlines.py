@@ -14,9 +14,9 @@ Promise (`deadline_shares`, pure, over the frozen `eta.Load`s of one model):
    nothing is set aside for it (it cannot be saved without breaking another
    window: "where capacity allows"), and it is shown `at_risk` when even the
    whole model could not finish it in time.
-3. What is left over goes to the batches being saved, by their fair shares (a
-   margin for what a steady pace does not see: a chunk thread to free up first,
-   the chunks already running); to all batches if none can be saved. No batch
+3. What is left over goes to the batches that would miss their windows, by their
+   fair shares (for those being saved, a margin for what a steady pace does not
+   see: a chunk thread to free up first, the chunks already running). No batch
    starves (every share stays at 1 % of its fair share or more), and the windows
    kept under fair share are still kept (each is held to what keeps it).
 4. The shares returned sum to the fair shares' sum (dispatch's passes keep their
@@ -80,11 +80,12 @@ def deadline_shares(loads: Sequence[Load], rate: float) -> dict[str, float]:
             given[load.batch_id] = want
             budget -= want
         else:
-            given[load.batch_id] = 0.0  # stays at what the leftover gives it
-    # The rest goes to the batches being saved, so they finish with a margin for
-    # what the steady pace does not see (a chunk thread to free up first, the
-    # chunks already running); to everyone if none can be saved.
-    saved = {batch_id for batch_id in missing if given[batch_id] > 0} or set(fraction)
+            given[load.batch_id] = 0.0  # it shares what is left over
+    # The rest goes to the batches that would miss their windows, so those being
+    # saved finish with a margin for what the steady pace does not see (a chunk
+    # thread to free up first, the chunks already running), and those that cannot
+    # be saved miss by as little as the others' windows allow.
+    saved = missing
     saved_total = sum(fraction[batch_id] for batch_id in saved)
     leftover = max(budget, 0.0)
     shares = {load.batch_id: max(given[load.batch_id] + (leftover * fraction[load.batch_id]
