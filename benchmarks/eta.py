@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _common import print_table, write_results  # noqa: E402
+from _common import mark_start, print_table, write_results  # noqa: E402
 
 from batches.deadlines import deadline_shares  # noqa: E402
 from batches.eta import Load, fair_shares, finish_times, measured_rate, request_cost  # noqa: E402
@@ -335,6 +335,7 @@ def main() -> None:
                         help="the short window: this times its work on the whole fleet, "
                              "plus a chunk's time")
     args = parser.parse_args()
+    mark_start()
     if args.quick:
         args.seeds, args.largest, args.long_requests = 1, 5_000, 2_000
     results = {"accuracy": accuracy(args), "deadlines": deadlines(args),
