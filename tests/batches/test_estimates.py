@@ -259,3 +259,32 @@ def test_a_refresh_reads_the_same_few_queries_for_two_batches_or_eight(running_b
         assert estimates.estimates_refresh(now) == 0
 
     assert len(eight.captured_queries) == len(two.captured_queries) <= 12
+
+
+def test_strict_admission_counts_the_work_already_running(
+        api, upload, published, settings, one_request_a_second, running_batch):
+    """Alone, 200 requests at 1/s take 200 s and fit 5 minutes. Beside a running
+    batch of 400 with a 24 h window they still do (the deadline policy takes the
+    share from it); beside one that needs nearly the whole model to keep its own
+    window (400 requests in 420 s), they do not."""
+    settings.BATCHGEN_STRICT_COMPLETION_WINDOW = True
+    running = running_batch(400, chunk_size=200)
+
+    assert create_200(api, upload, "5m").status_code == 200
+    Batch.objects.filter(status=BatchStatus.VALIDATING).update(status=BatchStatus.FAILED)
+    Batch.objects.filter(id=running.id).update(expires_at=timezone.now() + timedelta(seconds=420))
+
+    response = create_200(api, upload, "5m")
+
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["code"] == "completion_window_infeasible"
+
+
+def test_a_file_s_requests_are_estimated_from_its_head(tmp_path):
+    path = tmp_path / "input.jsonl"
+    line = b'{"custom_id": "x", "body": {}}\n'
+    path.write_bytes(line * 100_000)
+
+    estimate = estimates.requests_estimate(path=path, size=path.stat().st_size)
+
+    assert estimate == pytest.approx(100_000, rel=0.001)
