@@ -70,7 +70,7 @@ class Progress:
 
 def batch_progress(batch: Batch, *, now: datetime | None = None) -> Progress:
     """Throughput is measured from `in_progress_at` to now (or to the batch's end);
-    the ETA assumes it holds for the requests left."""
+    the ETA is the batch's estimated_completion_at (the scheduler's model), from now."""
     now = now or timezone.now()
     end = batch.completed_at or batch.cancelled_at or batch.failed_at or now
     done = batch.completed + batch.failed
@@ -78,10 +78,11 @@ def batch_progress(batch: Batch, *, now: datetime | None = None) -> Progress:
     if batch.in_progress_at and done:
         elapsed = (end - batch.in_progress_at).total_seconds()
         throughput = done / elapsed if elapsed > 0 else None
+    # The ETA model's answer (batches/estimates.py), not remaining / own rate: a
+    # batch's own rate says nothing of the work ahead of it or of its share to come.
     eta = None
-    remaining = batch.total - done
-    if batch.status in ACTIVE_STATUSES and throughput and remaining > 0:
-        eta = remaining / throughput
+    if batch.status in ACTIVE_STATUSES and batch.estimated_completion_at is not None:
+        eta = max((batch.estimated_completion_at - now).total_seconds(), 0.0)
     return Progress(batch_id=batch.id, status=batch.status, total=batch.total,
                     completed=batch.completed, failed=batch.failed, throughput=throughput,
                     eta_seconds=eta)
@@ -249,7 +250,10 @@ class BatchAdmin(ReadOnlyAdmin):
 
     @admin.display(description="ETA")
     def eta_display(self, obj: Batch) -> str:
-        return live_value(obj.id, "eta", duration_label(batch_progress(obj).eta_seconds))
+        label = duration_label(batch_progress(obj).eta_seconds)
+        if obj.at_risk and obj.status == "in_progress":
+            label += " ⚠ window at risk"
+        return live_value(obj.id, "eta", label)
 
     @admin.display(description="metadata")
     def metadata_display(self, obj: Batch) -> str:

@@ -86,7 +86,7 @@ def chunk_claim(*, chunk_id: int, worker: str) -> ChunkWork | None:
                                                  lease_expires_at__lt=now)
     claimed = Chunk.objects.filter(Q(id=chunk_id) & claimable).update(
         status=ChunkStatus.RUNNING, worker=worker, lease_expires_at=lease_deadline(),
-        attempts=F("attempts") + 1,
+        attempts=F("attempts") + 1, claimed_at=now,
     )
     if not claimed:
         return None

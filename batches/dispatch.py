@@ -31,12 +31,15 @@ import heapq
 from collections import deque
 from functools import partial
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Min
 from django.utils import timezone
 
+from batches.deadlines import deadline_shares
+from batches.eta import Load, request_cost
 from batches.locks import lock_control, lock_ids
-from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, ControlLock
+from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, ControlLock, ModelThroughput
 from core.celery import QueueName, inference_queue
 from core.publishing import Message, publish, publisher
 from core.transient import retry_transient
@@ -133,9 +136,12 @@ def _choose(model: str, advanced: dict[str, float]) -> list[tuple[str, int, int]
                                            chunks__status=ChunkStatus.PENDING,
                                            chunks__model__in=models)
                       .distinct().values_list("dispatch_pass", "id", "priority", "owner_id",
-                                              "owner__weight"))
+                                              "owner__weight", "expires_at", "total",
+                                              "completed", "failed", "usage_output_tokens"))
     shares = batch_shares([(batch_id, priority, owner_id, weight)
-                           for _, batch_id, priority, owner_id, weight in candidates])
+                           for _, batch_id, priority, owner_id, weight, *_ in candidates])
+    if settings.BATCHGEN_DEADLINE_POLICY and len(candidates) > 1:
+        shares = deadline_adjusted(model, candidates, shares)
     heap = [(advanced.get(batch_id, passed), batch_id, shares[batch_id])
             for passed, batch_id, *_ in candidates]
     heapq.heapify(heap)
@@ -156,6 +162,26 @@ def _choose(model: str, advanced: dict[str, float]) -> list[tuple[str, int, int]
         advanced[batch_id] = passed
         heapq.heappush(heap, (passed, batch_id, share))
     return refs
+
+
+def deadline_adjusted(model: str, candidates: list[tuple], shares: dict[str, float]
+                      ) -> dict[str, float]:
+    """The shares under the deadline policy (batches/deadlines.py): fair share while
+    every batch keeps its window, else more for those that would miss one, least
+    slack first. The model's rate is the one the estimate refresh measured
+    (batches/estimates.py); unmeasured, fair share decides. One primary-key read."""
+    measured = ModelThroughput.objects.filter(model=model).first()
+    if measured is None or measured.rate <= 0:
+        return shares
+    now = timezone.now()
+    loads = []
+    for _, batch_id, priority, owner_id, weight, expires_at, total, completed, failed, \
+            tokens in candidates:
+        cost = request_cost(completed + failed, tokens, measured.cost_per_request)
+        loads.append(Load(batch_id=batch_id, priority=priority, owner=owner_id, weight=weight,
+                          remaining=max(total - completed - failed, 0) * cost, cost=cost,
+                          time_left=(expires_at - now).total_seconds()))
+    return deadline_shares(loads, measured.rate)
 
 
 def batch_shares(batches: list[tuple[str, int, int | None, int | None]]) -> dict[str, float]:

@@ -97,6 +97,12 @@ class Batch(models.Model):
     owner = models.ForeignKey("core.ApiKey", on_delete=models.SET_NULL, null=True,
                               blank=True, related_name="+")
     dispatch_pass = models.FloatField(default=0.0)
+    # The ETA model's answer (batches/estimates.py), refreshed by the control worker's
+    # tick rather than computed per poll: null while unknown (validating, or no
+    # throughput measured yet). at_risk: its window cannot be kept even with every
+    # worker of its model (batches/deadlines.py).
+    estimated_completion_at = models.DateTimeField(null=True, blank=True)
+    at_risk = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-id"]
@@ -171,6 +177,9 @@ class Chunk(models.Model):
     completed = models.IntegerField(default=0)
     failed = models.IntegerField(default=0)
     published_at = models.DateTimeField(null=True, blank=True)
+    # When a worker last claimed it: [claimed_at, finished_at] is its time in the
+    # engine, from which each model's throughput is measured (batches/estimates.py).
+    claimed_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -180,6 +189,8 @@ class Chunk(models.Model):
         indexes = [
             models.Index(fields=["status", "lease_expires_at"]),
             models.Index(fields=["batch", "status", "index"]),
+            # A model's last finished chunks (its measured throughput).
+            models.Index(fields=["model", "status", "finished_at"], name="chunk_model_finished"),
         ]
 
     def __str__(self) -> str:
@@ -200,3 +211,19 @@ class ControlLock(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class ModelThroughput(models.Model):
+    """A served model's measured throughput (batches/estimates.py): cost units (a
+    request plus its output tokens) a second over all of its workers, from its last
+    finished chunks. Written by the control worker's estimate refresh, read by
+    dispatch's deadline policy, so neither measures it twice."""
+
+    model = models.CharField(primary_key=True, max_length=255)
+    rate = models.FloatField()
+    cost_per_request = models.FloatField(default=1.0)
+    workers = models.IntegerField(default=0)  # the live workers it was scaled to
+    measured_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.model}: {self.rate:.1f}/s"

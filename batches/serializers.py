@@ -3,9 +3,10 @@ from __future__ import annotations
 from django.conf import settings
 from rest_framework import serializers
 
-from batches.models import ERRORS_SHOWN, Batch, Endpoint
+from batches.models import ERRORS_SHOWN, Batch, BatchStatus, Endpoint
 from batches.usage import batch_usage
 from batches.validation import MAX_LISTED_ERRORS
+from batches.windows import InvalidWindow, window_check
 from core.pagination import list_envelope_serializer
 from files.serializers import ExpiresAfterSerializer, UnixTimestampField
 from serving.endpoints import NOT_BATCHED
@@ -69,7 +70,10 @@ def _above(name: str, low: float):
 class BatchCreateInputSerializer(serializers.Serializer):
     input_file_id = serializers.CharField(max_length=64)
     endpoint = serializers.ChoiceField(choices=Endpoint.values, default=Endpoint.CHAT.value)
-    completion_window = serializers.ChoiceField(choices=["24h"], default="24h")
+    completion_window = serializers.CharField(
+        default="24h", max_length=8,
+        help_text="`24h`, or (an extension) another window such as `1h` or `72h` within "
+                  "the server's bounds (BATCHGEN_MIN/MAX_COMPLETION_WINDOW_SECONDS).")
     metadata = serializers.DictField(
         child=MetadataValueField(allow_blank=True), required=False, allow_null=True,
     )
@@ -82,6 +86,13 @@ class BatchCreateInputSerializer(serializers.Serializer):
         required=False, allow_null=True,
         help_text="When the output and error files expire: `seconds` after they are "
                   "created (anchor `created_at`), within the server's bounds.")
+
+    def validate_completion_window(self, value):
+        try:
+            window_check(value)
+        except InvalidWindow as exc:
+            raise serializers.ValidationError(str(exc), code="invalid_completion_window") from None
+        return value
 
     def validate_metadata(self, value):
         """The limits are settings (read per request), so they are checked here rather
@@ -226,6 +237,8 @@ class BatchOutputSerializer(serializers.ModelSerializer):
     error = BatchErrorSerializer(allow_null=True)
     errors = serializers.SerializerMethodField()
     usage = serializers.SerializerMethodField()
+    estimated_completion_at = serializers.SerializerMethodField()
+    at_risk = serializers.SerializerMethodField()
 
     class Meta:
         model = Batch
@@ -235,7 +248,7 @@ class BatchOutputSerializer(serializers.ModelSerializer):
             "started_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
             "expired_at", "cancelling_at", "cancelled_at", "request_counts", "usage", "error",
             "errors", "metadata", "max_decoding_length", "max_context_length", "temperature",
-            "top_p", "top_k",
+            "top_p", "top_k", "estimated_completion_at", "at_risk",
         ]
 
     def get_object(self, obj) -> str:
@@ -244,6 +257,20 @@ class BatchOutputSerializer(serializers.ModelSerializer):
     def get_expired_at(self, obj) -> int | None:
         # This server fails expired batches (status `failed`, code batch_failed).
         return None
+
+    def get_estimated_completion_at(self, obj) -> int | None:
+        """Extension: when the batch should finish (Unix seconds), from the ETA model
+        of the scheduler (batches/eta.py), refreshed every few seconds; null while
+        unknown (validating, no throughput measured yet) and once it has ended."""
+        if obj.status not in (BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING):
+            return None
+        when = obj.estimated_completion_at
+        return None if when is None else int(when.timestamp())
+
+    def get_at_risk(self, obj) -> bool:
+        """Extension: true while the batch cannot finish inside its completion window
+        even with every worker of its model."""
+        return bool(obj.at_risk) and obj.status == BatchStatus.IN_PROGRESS
 
     def get_request_counts(self, obj) -> RequestCountsSerializer:
         return {"total": obj.total, "completed": obj.completed, "failed": obj.failed}

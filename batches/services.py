@@ -14,6 +14,7 @@ from django.utils import timezone
 from batches import intake, quotas
 from batches.chunks import OPEN_CHUNKS, batches_without_open_chunks, chunks_skip_queued
 from batches.dispatch import dispatch, send_validate, starting_pass
+from batches.estimates import admission_eta, requests_estimate
 from batches.locks import lock_control
 from batches.models import (
     ACTIVE_STATUSES,
@@ -28,6 +29,7 @@ from batches.models import (
 from batches.signals import batch_finished
 from batches.usage import USAGE_COLUMNS, batch_usage, output_digest_and_usage
 from batches.validation import ValidationReport, validate_file
+from batches.windows import window_seconds
 from core.errors import BatchGenError, CapacityFull, NotFound, is_storage_full
 from core.ids import new_id
 from core.transient import retry_transient
@@ -36,7 +38,7 @@ from files.incremental import repair_tail
 from files.models import File, FilePurpose
 from files.selectors import file_bytes_path
 from files.services import file_lock, file_register_output
-from serving.model_info import model_routes
+from serving.model_info import model_routes, served_models
 
 logger = logging.getLogger("batchgen.batches")
 
@@ -111,19 +113,13 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
                  top_k: int | None = None, priority: int = 1, owner=None,
                  output_expires_after_seconds: int | None = None) -> Batch:
     """Check what is cheap, record the batch as `validating` and queue its
-    validation after commit. Never reads the input file here."""
-    files = File.objects.filter(owner=owner) if owner is not None else File.objects
-    try:
-        input_file = files.get(id=input_file_id)
-    except File.DoesNotExist:
-        raise BatchGenError(f"No such file: {input_file_id}", param="input_file_id",
-                            code="invalid_input_file") from None
-    if input_file.purpose != FilePurpose.BATCH:
-        raise BatchGenError(
-            f"File {input_file_id} has purpose {input_file.purpose!r}; a batch needs an "
-            "input file uploaded with purpose 'batch'.", param="input_file_id",
-            code="invalid_input_file")
+    validation after commit. Never reads the input file here (but for its head,
+    under strict admission)."""
+    input_file = _batch_input_file(input_file_id=input_file_id, owner=owner)
     quotas.quota_check_create(owner=owner)
+    if settings.BATCHGEN_STRICT_COMPLETION_WINDOW:
+        window_feasible_check(input_file=input_file, endpoint=endpoint,
+                              window=completion_window, priority=priority, owner=owner)
     if intake.intake_is_full():
         raise CapacityFull("The intake pool is full; retry later.",
                            retry_after=settings.BATCHGEN_RETRY_AFTER_SECONDS)
@@ -146,7 +142,8 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
             model=model,
             input_file=input_file,
             completion_window=completion_window,
-            expires_at=now + timedelta(hours=settings.BATCHGEN_COMPLETION_WINDOW_HOURS),
+            # Each batch's own window (checked by the serializer against the bounds).
+            expires_at=now + timedelta(seconds=window_seconds(completion_window)),
             metadata=metadata,
             max_decoding_length=max_decoding_length,
             max_context_length=max_context_length,
@@ -163,6 +160,47 @@ def batch_create(*, input_file_id: str, endpoint: str, completion_window: str = 
     logger.info("batch created batch_id=%s input_file_id=%s endpoint=%s", batch.id,
                 input_file_id, endpoint)
     return batch
+
+
+def _batch_input_file(*, input_file_id: str, owner) -> File:
+    """The input file a batch may be created on: the owner's, of purpose batch."""
+    files = File.objects.filter(owner=owner) if owner is not None else File.objects
+    try:
+        input_file = files.get(id=input_file_id)
+    except File.DoesNotExist:
+        raise BatchGenError(f"No such file: {input_file_id}", param="input_file_id",
+                            code="invalid_input_file") from None
+    if input_file.purpose != FilePurpose.BATCH:
+        raise BatchGenError(
+            f"File {input_file_id} has purpose {input_file.purpose!r}; a batch needs an "
+            "input file uploaded with purpose 'batch'.", param="input_file_id",
+            code="invalid_input_file")
+    return input_file
+
+
+def window_feasible_check(*, input_file: File, endpoint: str, window: str, priority: int,
+                          owner) -> None:
+    """Strict admission (BATCHGEN_STRICT_COMPLETION_WINDOW): refuse a batch whose ETA,
+    played among the running batches (batches/estimates.py), lies past its window.
+    Its requests are estimated from the head of its input file; a model with no
+    measured rate yet lets every batch in."""
+    served = [model.id for model in served_models() if endpoint in model.endpoints]
+    path = file_bytes_path(file_id=input_file.id)
+    if not served or path is None:
+        return
+    seconds = window_seconds(window)
+    estimate = admission_eta(
+        model=served[0], requests=requests_estimate(path=path, size=input_file.bytes),
+        window_seconds=seconds, priority=priority, owner_id=getattr(owner, "pk", None),
+        weight=getattr(owner, "weight", None))
+    if estimate is not None and estimate > seconds:
+        when = timezone.now() + timedelta(seconds=estimate)
+        raise BatchGenError(
+            f"This batch cannot finish within its {window} completion window: its "
+            f"estimated completion is {when.isoformat(timespec='seconds')} (Unix "
+            f"{int(when.timestamp())}, in {int(estimate)} seconds) behind the work already "
+            "running. Ask for a longer window or retry later.",
+            param="completion_window", code="completion_window_infeasible")
 
 
 @retry_transient

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from batches import availability, dispatch, recovery, residency, services
+from batches import availability, dispatch, estimates, recovery, residency, services
 
 
 # Validation streams the whole input once: a million lines take seconds, a 10 GiB
@@ -40,6 +40,13 @@ def recover_chunks() -> str:
 def dispatch_chunks() -> int:
     # The tick only covers what workers' own dispatches skipped: never queue for it.
     return dispatch.dispatch(wait=False)
+
+
+# A handful of queries plus a row per moved estimate (batches/estimates.py); a
+# refresh not run within its interval is covered by the next.
+@shared_task(name="batches.refresh_estimates", time_limit=60, expires=10)
+def refresh_estimates() -> int:
+    return estimates.estimates_refresh()
 
 
 @shared_task(name="batches.watch_models", time_limit=60)

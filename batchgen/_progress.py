@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import sys
+from datetime import datetime
 from typing import IO
 
 from tqdm import tqdm
 
 
+def server_eta(batch: dict) -> str:
+    """The server's estimated completion as a bar's postfix (", done ~14:05:09"),
+    with a window at risk said; empty while the server has none."""
+    when = batch.get("estimated_completion_at")
+    if not isinstance(when, int | float):
+        return ""
+    text = f", done ~{datetime.fromtimestamp(when).astimezone():%H:%M:%S}"
+    return text + " (window at risk)" if batch.get("at_risk") else text
+
+
 class BatchProgress:
     """Shows finished (completed + failed) of total requests, the failed count, the
-    rate and the ETA; the description is the batch status. Use as a context manager
+    rate and tqdm's ETA (this batch's own pace), and the server's ETA (the
+    scheduler's model: the work ahead and beside it); the description is the batch
+    status. Use as a context manager
     and call `update(batch)` with every polled batch object."""
 
     def __init__(self, *, file: IO[str] | None = None, disable: bool = False):
@@ -28,7 +41,7 @@ class BatchProgress:
         if total is not None and self._bar.total != total:
             self._bar.total = total
         self._bar.set_description_str(str(batch.get("status")), refresh=False)
-        self._bar.set_postfix_str(f"failed={failed}", refresh=False)
+        self._bar.set_postfix_str(f"failed={failed}{server_eta(batch)}", refresh=False)
         done = completed + failed
         shown = False
         if done >= self._done:

@@ -298,6 +298,9 @@ def format_batch(batch: dict) -> str:
         value = batch.get(f"{stamp}_at")
         if value:
             field(stamp.replace("_", " "), _when(value))
+    if batch.get("estimated_completion_at"):
+        field("estimated completion", _when(batch["estimated_completion_at"])
+              + (" (at risk: past the completion window)" if batch.get("at_risk") else ""))
     field("input file", batch.get("input_file_id"))
     field("output file", batch.get("output_file_id"))
     field("error file", batch.get("error_file_id"))

@@ -140,6 +140,10 @@ class Batch(BaseObject):
     usage: BatchUsage
     error: BatchError | None
     errors: BatchErrors | None
+    # Extensions: the server's ETA (Unix seconds, null while unknown) and whether the
+    # completion window is at risk even with all of the model's capacity.
+    estimated_completion_at: int | None
+    at_risk: bool
     status: str | None = None
     completion_window: str | None = None
     metadata: dict[str, str] | None = None

@@ -60,6 +60,7 @@ class BatchGenCollector(Collector):
                 yield GaugeMetricFamily(f"batchgen_{key}", help_text, value=pool[key])
 
     def _batches(self):
+        from batches.estimates import at_risk_count
         from batches.models import Batch, BatchStatus
 
         by_status = dict(Batch.objects.order_by().values_list("status")
@@ -71,6 +72,10 @@ class BatchGenCollector(Collector):
         sums = Batch.objects.aggregate(
             total=Sum("total", filter=Q(in_progress_at__isnull=False)),  # enqueued ones
             completed=Sum("completed"), failed=Sum("failed"))
+        yield GaugeMetricFamily(
+            "batchgen_batches_at_risk",
+            "Running batches that cannot finish inside their completion window even with "
+            "every worker of their model (batches/estimates.py)", value=at_risk_count())
         yield CounterMetricFamily("batchgen_requests_completed",
                                   "Requests completed, summed over all batches",
                                   value=sums["completed"] or 0)

@@ -56,8 +56,6 @@ BATCHGEN_TOOL_CALL_PARSER = SETTINGS["BATCHGEN_TOOL_CALL_PARSER"] or None
 # 0 = none for vLLM (it admits from the engine's figures), else the KV cache an engine
 # reports (unlimited for the simulated engine).
 BATCHGEN_TOKEN_BUDGET = SETTINGS["BATCHGEN_TOKEN_BUDGET"] or None
-# OpenAI's completion window; not a setting.
-BATCHGEN_COMPLETION_WINDOW_HOURS = 24
 
 # --- Django -----------------------------------------------------------------------
 
@@ -212,7 +210,8 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(RUN_DIR / "celerybeat-schedule")
 # The beat's tasks due within 10 seconds, logged at DEBUG (log_filters.RoutineTicksAtDebug);
 # the slower ones (recovery every 15 s, expiry, purges) stay at INFO.
 ROUTINE_TICK_TASKS = ("batches.dispatch_chunks", "webhooks.sweep_deliveries",
-                      "batches.watch_models", "residency.decide")
+                      "batches.watch_models", "residency.decide",
+                      "batches.refresh_estimates")
 LOG_LEVEL = SETTINGS["BATCHGEN_LOG_LEVEL"].upper()
 LOGGING = {
     "version": 1,

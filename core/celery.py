@@ -81,6 +81,9 @@ app.conf.beat_schedule = {
     "dispatch-chunks": {"task": "batches.dispatch_chunks", "schedule": 1.0},
     "expire-batches": {"task": "batches.expire_batches", "schedule": 60.0},
     "recover-chunks": {"task": "batches.recover_chunks", "schedule": 15.0},
+    # Each running batch's ETA and at_risk, cached on its row (batches/estimates.py).
+    "refresh-estimates": {"task": "batches.refresh_estimates", "schedule": 5.0,
+                          "options": {"expires": 10}},
     # Running batches waiting for a model that no ready worker holds: said on the
     # batch, failed after BATCHGEN_MODEL_UNAVAILABLE_SECONDS (batches/availability.py).
     # Two reads a tick while every model runs.

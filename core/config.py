@@ -214,6 +214,23 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
     Setting("--max-file-expiry-seconds", "BATCHGEN_MAX_FILE_EXPIRY_SECONDS", "2592000",
             "the longest expires_after / output_expires_after a client may ask for",
             kind=int, minimum=1),
+    # A batch's completion_window (batches/windows.py): OpenAI's `24h` is always
+    # taken; other windows within these bounds are an extension. An hour is about the
+    # shortest a shared server can plan for; a week keeps expiry meaningful.
+    Setting("--min-completion-window", "BATCHGEN_MIN_COMPLETION_WINDOW_SECONDS", "3600",
+            "the shortest completion_window a batch may ask for, in seconds",
+            kind=int, minimum=1),
+    Setting("--max-completion-window", "BATCHGEN_MAX_COMPLETION_WINDOW_SECONDS", "604800",
+            "the longest completion_window a batch may ask for, in seconds",
+            kind=int, minimum=1),
+    # The deadline policy (batches/deadlines.py): off, dispatch is fair share alone.
+    Setting(None, "BATCHGEN_DEADLINE_POLICY", "true",
+            "give batches that would miss their completion window more share, least "
+            "slack first ('false': fair share alone)", kind=bool),
+    # OpenAI answers 200 to any window; a site that would rather refuse a window its
+    # ETA cannot keep says so here (400 completion_window_infeasible).
+    Setting("--strict-completion-window", "BATCHGEN_STRICT_COMPLETION_WINDOW", "false",
+            "refuse a batch whose ETA lies past its completion window", is_bool=True),
     # Webhooks (docs/operations.md, "Webhooks"): how long one delivery attempt may
     # take (connect, send, answer: each phase), and how long after its event a
     # delivery is retried before it is given up (OpenAI and Standard Webhooks: a day).
@@ -425,6 +442,10 @@ def read_all(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     if low is not None and high is not None and low > high:
         errors.append(f"BATCHGEN_MIN_FILE_EXPIRY_SECONDS={low} is above "
                       f"BATCHGEN_MAX_FILE_EXPIRY_SECONDS={high}")
+    low, high = (values.get(f"BATCHGEN_{end}_COMPLETION_WINDOW_SECONDS") for end in ("MIN", "MAX"))
+    if low is not None and high is not None and low > high:
+        errors.append(f"BATCHGEN_MIN_COMPLETION_WINDOW_SECONDS={low} is above "
+                      f"BATCHGEN_MAX_COMPLETION_WINDOW_SECONDS={high}")
     if errors:
         raise SettingError("\n".join(errors))
     return values

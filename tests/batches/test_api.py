@@ -126,8 +126,8 @@ def test_create_with_another_endpoint_is_400(api, input_file, published, endpoin
     assert Batch.objects.count() == 0
 
 
-@pytest.mark.parametrize("window", ["48h", "1h", "24", ""])
-def test_create_with_a_completion_window_other_than_24h_is_400(
+@pytest.mark.parametrize("window", ["200h", "30m", "24", "", "0h", "h24"])
+def test_create_with_a_completion_window_outside_the_bounds_or_malformed_is_400(
         api, input_file, published, window):
     response = create(api, input_file_id=input_file["id"], completion_window=window)
 

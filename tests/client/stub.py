@@ -178,6 +178,7 @@ def make_batch(batch_id: str = "batch_1", status: str = "in_progress", *, total:
         "cancelling_at": None, "cancelled_at": None,
         "request_counts": {"total": total, "completed": completed, "failed": failed},
         "error": None, "errors": None, "metadata": {},
+        "estimated_completion_at": None, "at_risk": False,
     }
     batch.update(fields)
     return batch

@@ -1,11 +1,14 @@
 """The `batchgen` command against a scripted HTTP server."""
 
+import io
 import json
 import socket
+from datetime import datetime
 
 import pytest
 
 from batchgen import _clock
+from batchgen._progress import BatchProgress
 from batchgen.cli import main
 
 from .stub import Reply, error, make_batch, make_file, result_line, script_batch_run
@@ -154,6 +157,26 @@ def test_status_prints_a_summary(stub, capsys):
     assert "line 2: invalid_json: Line is not JSON" in out
     assert "team=nlp" in out
     assert "file-in" in out
+
+
+def test_status_shows_the_server_s_eta_and_a_window_at_risk(stub, capsys):
+    batch = make_batch(estimated_completion_at=1_700_003_600, at_risk=True)
+    stub.on("GET", "/v1/batches/batch_1", Reply(json=batch))
+
+    assert run(stub, "status", "batch_1") == 0
+
+    out = capsys.readouterr().out
+    [line] = [line for line in out.splitlines() if "estimated completion" in line]
+    assert datetime.fromtimestamp(1_700_003_600).astimezone().strftime("%H:%M:%S") in line
+    assert "at risk" in line
+
+
+def test_the_watch_bar_shows_the_server_s_eta():
+    stream = io.StringIO()
+    with BatchProgress(file=stream) as bar:
+        bar.update(make_batch(completed=1, estimated_completion_at=1_700_003_600))
+    shown = datetime.fromtimestamp(1_700_003_600).astimezone().strftime("%H:%M:%S")
+    assert f"done ~{shown}" in stream.getvalue()
 
 
 def test_status_shows_the_batch_token_usage(stub, capsys):

@@ -32,7 +32,9 @@ SCHEMA = f"""
 import json
 from django.db import connection
 with connection.cursor() as cursor:
-    tables = sorted(t.name for t in connection.introspection.get_table_list(cursor))
+    # The inference and fleet tables: other apps may add tables of their own since.
+    tables = sorted(t.name for t in connection.introspection.get_table_list(cursor)
+                    if t.name.startswith(("inference_", "fleet_")))
     shape = {{t: [[c.name, c.type_code, c.null_ok] for c in
                   connection.introspection.get_table_description(cursor, t)]
              for t in {TABLES!r}}}

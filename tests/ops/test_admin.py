@@ -47,6 +47,8 @@ def test_batch_list_shows_status_endpoint_progress_throughput_and_eta(admin_clie
     batch = make_batch(5)
     Batch.objects.filter(id=batch.id).update(in_progress_at=timezone.now() - timedelta(seconds=4))
     run_chunk(chunks_of(batch)[0])
+    Batch.objects.filter(id=batch.id).update(
+        estimated_completion_at=timezone.now() + timedelta(seconds=90))
 
     page = admin_client.get(CHANGELIST).content.decode()
 
@@ -55,20 +57,21 @@ def test_batch_list_shows_status_endpoint_progress_throughput_and_eta(admin_clie
     assert "/v1/chat/completions" in page
     assert "2 ✓ 0 ✗ / 5" in page
     assert re.search(r'data-field="throughput">0\.\d req/s<', page)  # 2 requests in ~4 s
-    assert re.search(r'data-field="eta">\d+s<', page)  # 3 left at that rate
+    assert re.search(r'data-field="eta">1m (29|30)s<', page)  # the ETA model's
     assert "Cancel selected batches" in page
 
 
 def test_progress_figures_measure_from_start_to_end():
     started = timezone.now() - timedelta(seconds=100)
     running = Batch(id="batch_a", status="in_progress", total=1000, completed=150, failed=50,
-                    in_progress_at=started)
+                    in_progress_at=started,
+                    estimated_completion_at=started + timedelta(seconds=500))
     finished = Batch(id="batch_b", status="completed", total=100, completed=100,
                      in_progress_at=started, completed_at=started + timedelta(seconds=50))
 
     progress = batch_progress(running, now=started + timedelta(seconds=100))
     assert progress.throughput == pytest.approx(2.0)
-    assert progress.eta_seconds == pytest.approx(400.0)
+    assert progress.eta_seconds == pytest.approx(400.0)  # the ETA model's, from now
     assert progress.percent(progress.completed) == 15.0
     done = batch_progress(finished, now=started + timedelta(seconds=500))
     assert done.throughput == pytest.approx(2.0)

@@ -104,3 +104,15 @@ def test_metrics_answer_503_when_the_database_is_down(client, monkeypatch):
 
     assert response.status_code == 503
     assert b"database unreachable" in response.content
+
+
+def test_metrics_count_the_batches_at_risk_of_missing_their_window(client, make_batch):
+    from batches.models import Batch
+
+    batch = make_batch(5)
+    make_batch(3)
+    assert scrape(client)[("batchgen_batches_at_risk", ())] == 0
+
+    Batch.objects.filter(id=batch.id).update(at_risk=True)
+
+    assert scrape(client)[("batchgen_batches_at_risk", ())] == 1

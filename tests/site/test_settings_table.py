@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVER_PACKAGES = ("batchgen_site", "batches", "core", "files", "inference", "webhooks")
 # Names that look like settings but are not variables anyone sets: Django settings
 # derived from the table, a constant, and the supervisor's hand-off to its children.
-NOT_VARIABLES = {"BATCHGEN_EMBEDDED_BROKER", "BATCHGEN_COMPLETION_WINDOW_HOURS",
+NOT_VARIABLES = {"BATCHGEN_EMBEDDED_BROKER",
                  "BATCHGEN_TERMINATION_LOG"}
 
 

@@ -1,0 +1,187 @@
+"""The ETA model: when will each batch finish, given the work ahead of it and beside
+it under the dispatcher's fair share, and each model's measured throughput.
+
+A pure model of the scheduler (batches/dispatch.py), no database: the dispatcher's
+stride scheduling gives each batch waiting for a model a share of that model's
+workers (`fair_shares`: keys by weight, a key's batches by priority); over many
+chunks that is a fluid split of the model's throughput in proportion to the shares
+(generalised processor sharing). `finish_times` plays that split forward, event by
+event: at each step every batch with work left runs at `rate * share / sum(shares)`;
+the one that runs out first finishes, the shares of the rest are computed again
+(a key's other batches inherit its share, as dispatch would give it), and so on.
+
+Work is counted in cost units, not requests: a request costs one unit plus its
+output tokens (a batch's own mean once some of it has finished, the model's mean
+before), and a model's rate is measured in the same units (batches/estimates.py),
+so a batch of long answers is not taken for one of short answers.
+
+The share function is a parameter, so the same play gives the ETA under the
+deadline policy (batches/deadlines.py) that dispatch applies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """A batch's work left on one model."""
+
+    batch_id: str
+    remaining: float  # cost units still to run
+    priority: int = 1
+    owner: int | None = None  # the API key (None: an open server)
+    weight: int | None = None  # the key's weight
+    time_left: float | None = None  # seconds to its window's end (None: no window)
+    # Cost units of one of its chunks (None: no cap). A chunk runs on one worker, so
+    # a batch with k chunks left runs on k workers at most: its tail is one chunk on
+    # one worker, whatever its share.
+    chunk: float | None = None
+    # Cost units of one of its requests. Dispatch shares requests (a chunk's count
+    # moves its pass), so a batch's part of the model's cost units is its share
+    # times its cost per request: long answers take more of the workers' time.
+    cost: float = 1.0
+
+
+ShareFunction = Callable[[Sequence[Load]], dict[str, float]]
+
+
+def fair_shares(loads: Sequence[Load]) -> dict[str, float]:
+    """The dispatcher's shares (batches.dispatch.batch_shares): keys in proportion to
+    their weights, a key's share split among its batches by priority."""
+    per_key: dict[int | None, int] = {}
+    for load in loads:
+        per_key[load.owner] = per_key.get(load.owner, 0) + max(load.priority, 1)
+    return {load.batch_id: (load.weight or 1) * max(load.priority, 1) / per_key[load.owner]
+            for load in loads}
+
+
+def chunks_left(load: Load) -> int:
+    return max(1, math.ceil(load.remaining / load.chunk - 1e-9)) if load.chunk else 0
+
+
+def speeds(active: Sequence[Load], split: dict[str, float], rate: float,
+           worker_rate: float | None) -> dict[str, float]:
+    """Each batch's speed: the rate split by shares, a batch capped at its chunks
+    left times one worker's rate, what a capped batch cannot use going to the
+    others by their shares (water-filling)."""
+    speed: dict[str, float] = {}
+    free, room = rate, list(active)
+    while room:
+        total = sum(split[load.batch_id] for load in room)
+        capped = [load for load in room if worker_rate and load.chunk and
+                  chunks_left(load) * worker_rate < free * split[load.batch_id] / total]
+        if not capped:
+            speed.update((load.batch_id, free * split[load.batch_id] / total) for load in room)
+            return speed
+        for load in capped:
+            speed[load.batch_id] = chunks_left(load) * worker_rate
+            free -= speed[load.batch_id]
+        room = [load for load in room if load.batch_id not in speed]
+    return speed
+
+
+def finish_times(loads: Sequence[Load], rate: float, shares: ShareFunction = fair_shares,
+                 worker_rate: float | None = None) -> dict[str, float]:
+    """Seconds from now until each batch's work on this model is done, playing the
+    fluid split forward. `rate` is the model's throughput in cost units a second
+    (over all its workers), `worker_rate` one worker's (None: no chunk caps); a
+    batch with no work left finishes at 0. O(n^2) in the batches of one model
+    times their chunks, a few hundred batches at most on a server."""
+    done = {load.batch_id: 0.0 for load in loads if load.remaining <= 0}
+    active = [load for load in loads if load.remaining > 0]
+    if rate <= 0:
+        raise ValueError("finish_times needs a positive rate")
+    now, split, members = 0.0, {}, None
+    while active:
+        if members != len(active):  # the shares move when a batch finishes
+            split, members = shares(active), len(active)
+        speed = speeds(active, {load.batch_id: split[load.batch_id] * load.cost
+                                for load in active}, rate, worker_rate)
+        step = min(load.remaining / speed[load.batch_id] for load in active)
+        if worker_rate:
+            # Until a batch's chunks left next drop where its cap can bind (fewer
+            # than the workers): the caps move then, and only then.
+            workers = max(1, math.floor(rate / worker_rate + 1e-9))
+            step = min([step] + [(load.remaining - min(chunks_left(load) - 1, workers)
+                                  * load.chunk) / speed[load.batch_id] for load in active
+                                 if load.chunk and chunks_left(load) > 1])
+        now += step
+        left = []
+        for load in active:
+            remaining = load.remaining - speed[load.batch_id] * step
+            if remaining <= load.remaining * 1e-9 + 1e-9:
+                done[load.batch_id] = now
+            else:
+                time_left = None if load.time_left is None else load.time_left - step
+                left.append(replace(load, remaining=remaining, time_left=time_left))
+        active = left
+    return done
+
+
+def fair_finish_times(loads: Sequence[Load], rate: float) -> dict[str, float]:
+    """finish_times under fair share without chunk caps, in O(n log n): exact when
+    every batch is of its own key or all of one (shares then stay in proportion as
+    batches finish, so they finish in the order of remaining / share); with several
+    batches on several keys it keeps the shares of the start (a key's batch does not
+    inherit its sibling's share), a slight pessimism for the policy's quick check."""
+    split = {batch_id: share * load.cost for (batch_id, share), load
+             in zip(fair_shares(loads).items(), loads, strict=True)}
+    order = sorted((load for load in loads if load.remaining > 0),
+                   key=lambda load: load.remaining / split[load.batch_id])
+    total = sum(split[load.batch_id] for load in order)
+    result = {load.batch_id: 0.0 for load in loads if load.remaining <= 0}
+    now = virtual = 0.0
+    for load in order:
+        share = split[load.batch_id]
+        now += (load.remaining / share - virtual) * total / rate
+        virtual = load.remaining / share
+        result[load.batch_id] = now
+        total -= share
+    return result
+
+
+def request_cost(done: int, output_tokens: int, fallback: float = 1.0) -> float:
+    """What one request of a batch costs, in cost units: one plus its output tokens,
+    the batch's own mean once some of it finished, else `fallback` (its model's)."""
+    return 1.0 + output_tokens / done if done > 0 else fallback
+
+
+def busy_seconds(intervals: Sequence[tuple[float, float]]) -> float:
+    """The length of the union of [start, end) intervals: the time a model's
+    workers were running at least one of the chunks measured, idle gaps left out."""
+    total, reach = 0.0, None
+    for start, end in sorted(intervals):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
+
+
+def measured_rate(chunks: Sequence[tuple[float, float, float]]) -> float | None:
+    """Cost units a second from chunks as (claimed, finished or now, work done): the
+    work done since the earliest of them finished, over the time since then that at
+    least one ran. Starting there rather than at the earliest claim counts every
+    chunk that ran in the window (the older ones had finished before it), so work
+    in flight is neither lost nor counted twice; a chunk's work is taken as spread
+    evenly over its run. While that window is empty (the chunks measured all ended
+    together), all of their work over all of their busy time; None without any."""
+    whole = busy_seconds([(start, end) for start, end, _ in chunks])
+    total = sum(done for _, _, done in chunks)
+    fallback = total / whole if whole > 0 and total > 0 else None
+    since = min((end for _, end, _ in chunks), default=0.0)
+    work, spans = 0.0, []
+    for start, end, done in chunks:
+        if end <= since or end <= start:
+            continue
+        begin = max(start, since)
+        work += done * (end - begin) / (end - start)
+        spans.append((begin, end))
+    busy = busy_seconds(spans)
+    return work / busy if busy > 0 and work > 0 else fallback

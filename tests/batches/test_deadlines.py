@@ -1,0 +1,189 @@
+"""The ETA model (batches/eta.py) and the deadline policy (batches/deadlines.py) on
+their own: pure functions, a table of cases each."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from batches.deadlines import at_risk, deadline_shares, late
+from batches.eta import (
+    Load,
+    busy_seconds,
+    fair_finish_times,
+    fair_shares,
+    finish_times,
+    measured_rate,
+)
+
+DAY = 86400.0
+
+
+def test_one_batch_alone_finishes_after_its_work_over_the_rate():
+    assert finish_times([Load("a", 1000)], rate=10) == {"a": pytest.approx(100)}
+
+
+def test_equal_batches_share_the_model_and_a_small_one_finishes_first():
+    finish = finish_times([Load("big", 1000), Load("small", 100)], rate=10)
+
+    # Both run at 5/s until the small one is done (20 s), then the big one alone.
+    assert finish == {"small": pytest.approx(20), "big": pytest.approx(110)}
+
+
+def test_a_key_s_other_batch_inherits_its_share_when_one_finishes():
+    loads = [Load("a1", 100, owner=1), Load("a2", 1000, owner=1), Load("b", 1000, owner=2)]
+
+    finish = finish_times(loads, rate=10)
+
+    # Keys 1 and 2 get 5/s each; a1 and a2 split key 1's, so a1 is done at 40 s.
+    # Then a2 (900 left) and b (800 left) run at 5/s each: b done at 200 s, and a2
+    # does its last 100 alone at 10/s.
+    assert finish["a1"] == pytest.approx(40)
+    assert finish["b"] == pytest.approx(200)
+    assert finish["a2"] == pytest.approx(210)
+
+
+def test_weights_and_priorities_set_the_split():
+    assert fair_shares([Load("a", 1, owner=1, weight=2), Load("b1", 1, owner=2),
+                        Load("b2", 1, owner=2, priority=3)]) == {
+        "a": 2.0, "b1": 0.25, "b2": 0.75}
+
+
+@pytest.mark.parametrize("loads", [
+    [Load("a", 500), Load("b", 100, priority=3), Load("c", 50)],
+    [Load("a", 500, owner=1), Load("b", 100, owner=2, weight=3)],
+])
+def test_the_quick_play_agrees_with_the_event_play(loads):
+    slow, quick = finish_times(loads, rate=7), fair_finish_times(loads, rate=7)
+
+    assert quick == pytest.approx(slow)
+
+
+def test_busy_time_leaves_idle_gaps_out():
+    assert busy_seconds([(0, 10), (5, 15), (20, 30)]) == 25
+
+
+# --- the deadline policy: a table of cases -----------------------------------------------
+
+# (name, loads, rate, expected): expected is "fair" (the fair shares unchanged) or
+# the batches whose finish, played under the policy, lies inside their windows.
+CASES = [
+    ("every window kept: fair share unchanged",
+     [Load("a", 1000, time_left=DAY), Load("b", 1000, time_left=DAY)], 10, "fair"),
+    ("no windows at all: fair share",
+     [Load("a", 1000), Load("b", 10)], 10, "fair"),
+    ("a short window behind two long batches is kept, and theirs too",
+     [Load("long1", 1000, time_left=DAY), Load("long2", 1000, time_left=DAY),
+      Load("short", 100, time_left=15)], 10, {"long1", "long2", "short"}),
+    ("two late batches: least slack served first, both kept when capacity allows",
+     [Load("long", 5000, time_left=DAY), Load("s1", 100, time_left=24),
+      Load("s2", 100, time_left=25)], 10, {"long", "s1", "s2"}),
+    ("a long batch with a tight window is not broken to save a hopeless one",
+     [Load("tight", 900, time_left=100), Load("hopeless", 1000, time_left=50)], 10,
+     {"tight"}),
+]
+
+
+@pytest.mark.parametrize("name, loads, rate, expected", CASES, ids=[c[0] for c in CASES])
+def test_deadline_policy(name, loads, rate, expected):
+    shares = deadline_shares(loads, rate)
+
+    assert sum(shares.values()) == pytest.approx(sum(fair_shares(loads).values()))
+    assert all(share > 0 for share in shares.values())  # no batch starves
+    if expected == "fair":
+        assert shares == fair_shares(loads)
+        return
+    assert late(loads, rate)  # fair share alone would miss a window
+    finish = finish_times(loads, rate, lambda active: deadline_shares(active, rate))
+    kept = {load.batch_id for load in loads
+            if load.time_left is None or finish[load.batch_id] <= load.time_left + 1e-6}
+    assert kept == expected
+
+
+def test_a_batch_that_misses_even_with_the_whole_model_is_at_risk():
+    assert at_risk(Load("x", 1000, time_left=50), rate=10)
+    assert not at_risk(Load("x", 1000, time_left=150), rate=10)
+    assert not at_risk(Load("x", 1000), rate=10)
+
+
+def test_the_rate_counts_work_in_flight_once_from_the_earliest_finish():
+    # Two workers, one chunk each at a time, 10 units a second each: chunks of 100
+    # units take 10 s. Measured: one finished at 10 s, one finished at 15 s (started
+    # at 5 s), one running since 10 s, half done at 15 s.
+    chunks = [(0.0, 10.0, 100.0), (5.0, 15.0, 100.0), (10.0, 15.0, 50.0)]
+
+    # From 10 s to 15 s: half of the second chunk and the running one's 50: 100 units
+    # in 5 s. Claim to finish over the whole (250 units in 15 s) would say 16.7.
+    assert measured_rate(chunks) == pytest.approx(20.0)
+
+
+def test_chunks_that_all_ended_together_are_measured_over_their_busy_time():
+    assert measured_rate([(0.0, 2.0, 4.0), (0.0, 2.0, 4.0)]) == pytest.approx(4.0)
+    assert measured_rate([]) is None
+
+
+# --- wired into dispatch ------------------------------------------------------------------
+
+
+@pytest.fixture
+def behind_two_long_batches(api, upload, settings, published, monkeypatch,
+                            django_capture_on_commit_callbacks):
+    """Two 24 h batches of 40 requests and, behind them, 20 requests with a 40 s
+    window, on a model measured at 1 request a second: fair share (a third each)
+    would finish the short one after 60 s."""
+    from django.utils import timezone
+
+    from batches import services
+    from batches.models import ModelThroughput
+    from serving.model_info import served_model
+    from tests.conftest import chat_line, jsonl
+
+    settings.BATCHGEN_CHUNK_SIZE = 1
+    settings.BATCHGEN_MIN_COMPLETION_WINDOW_SECONDS = 1
+    model = served_model().id
+    ModelThroughput.objects.create(model=model, rate=1.0, cost_per_request=1.0, workers=1,
+                                   measured_at=timezone.now())
+    made = []
+    for requests, window in ((40, "24h"), (40, "24h"), (20, "40s")):
+        file = upload(jsonl([chat_line(f"r{i}") for i in range(requests)]))
+        batch = services.batch_create(input_file_id=file["id"], endpoint="/v1/chat/completions",
+                                      model=model, completion_window=window)
+        with django_capture_on_commit_callbacks(execute=False):  # no dispatch yet
+            made.append(services.batch_validate(batch_id=batch.id))
+    monkeypatch.setattr("fleet.selectors.dispatch_window", lambda model: 30)
+    return made
+
+
+def dispatched() -> Counter:
+    from batches.models import Chunk, ChunkStatus
+
+    return Counter(Chunk.objects.filter(status=ChunkStatus.QUEUED)
+                   .values_list("batch_id", flat=True))
+
+
+@pytest.mark.django_db
+def test_dispatch_gives_a_batch_that_would_miss_its_window_the_share_it_needs(
+        behind_two_long_batches):
+    from batches import dispatch
+
+    long1, long2, short = behind_two_long_batches
+
+    assert dispatch.dispatch() == 30
+
+    by_batch = dispatched()
+    assert by_batch[short.id] == 20  # every one of its requests goes first
+    assert by_batch[long1.id] + by_batch[long2.id] == 10
+
+
+@pytest.mark.django_db
+def test_without_the_deadline_policy_dispatch_is_fair_share_alone(
+        behind_two_long_batches, settings):
+    from batches import dispatch
+
+    settings.BATCHGEN_DEADLINE_POLICY = False
+    long1, long2, short = behind_two_long_batches
+
+    assert dispatch.dispatch() == 30
+
+    assert dispatched() == {long1.id: 10, long2.id: 10, short.id: 10}

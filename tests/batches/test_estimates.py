@@ -1,0 +1,290 @@
+"""Each batch's ETA and at_risk (batches/estimates.py): measured from finished chunks
+of several workers, played under fair share, cached on the batch row and shown on
+the batch object. Run on PostgreSQL too (`make test`'s second pass)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from batches import chunks, dispatch, estimates
+from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, ModelThroughput
+from fleet.models import Worker
+from serving.model_info import served_model
+from tests.concurrency import require_concurrent_database, run_together
+
+pytestmark = pytest.mark.django_db
+
+
+def live_workers(count: int, model: str) -> None:
+    for n in range(Worker.objects.count(), count):
+        Worker.objects.create(name=f"w{n}", hostname="h", pid=n, engine="simulated",
+                              model=model, slots_capacity=8, ready=True,
+                              heartbeat_at=timezone.now())
+
+
+def finish(batch: Batch, indexes: range, *, workers: list[str], started, seconds: float,
+           output_tokens: int = 0) -> None:
+    """Chunks `indexes` of `batch` ran on `workers` (in turn) from `started` for
+    `seconds` each, all at once, and finished."""
+    done = 0
+    for position, index in enumerate(indexes):
+        chunk = Chunk.objects.get(batch=batch, index=index)
+        Chunk.objects.filter(id=chunk.id).update(
+            status=ChunkStatus.DONE, completed=chunk.count, worker=workers[position % len(workers)],
+            claimed_at=started, finished_at=started + timedelta(seconds=seconds))
+        done += chunk.count
+    Batch.objects.filter(id=batch.id).update(completed=done, usage_output_tokens=output_tokens)
+
+
+def test_the_eta_plays_fair_share_over_the_rate_of_several_workers(running_batch, api):
+    model = served_model().id
+    live_workers(2, model)
+    small, big = running_batch(10, chunk_size=2), running_batch(40, chunk_size=2)
+    now = timezone.now()
+    # Two workers each ran a chunk of 2 requests in the same 2 s: 2 requests a second.
+    finish(small, range(2), workers=["w0", "w1"], started=now - timedelta(seconds=10),
+           seconds=2)
+
+    estimates.estimates_refresh(now)
+
+    assert ModelThroughput.objects.get(model=model).rate == pytest.approx(2.0)
+    # Fair share: 1/s each until the small one's last 6 are done (6 s), then the big
+    # one's 34 left at 2/s (16 s more), but its last chunk of 2 runs on one worker
+    # alone, at 1/s (2 s more).
+    small_row, big_row = Batch.objects.get(id=small.id), Batch.objects.get(id=big.id)
+    assert (small_row.estimated_completion_at - now).total_seconds() == pytest.approx(6, abs=0.01)
+    assert (big_row.estimated_completion_at - now).total_seconds() == pytest.approx(24, abs=0.01)
+    shown = api.get(f"/v1/batches/{big.id}").json()
+    assert shown["estimated_completion_at"] == int(big_row.estimated_completion_at.timestamp())
+    assert shown["at_risk"] is False
+
+
+def test_more_workers_shorten_the_eta_down_to_a_chunk_on_one_worker(running_batch):
+    model = served_model().id
+    live_workers(2, model)
+    batch = running_batch(20, chunk_size=2)
+    now = timezone.now()
+    finish(batch, range(2), workers=["w0", "w1"], started=now - timedelta(seconds=10), seconds=2)
+    estimates.estimates_refresh(now)
+    before = Batch.objects.get(id=batch.id).estimated_completion_at - now
+
+    live_workers(4, model)
+    estimates.estimates_refresh(now)
+
+    after = Batch.objects.get(id=batch.id).estimated_completion_at - now
+    # 16 requests left in 8 chunks of 2, 1/s a worker. Two workers: 14 at 2/s, the
+    # last chunk on one worker (9 s). Four: 10 at 4/s, then 3, 2 and 1 chunks left
+    # on as many workers (2.5 + 2/3 + 1 + 2 s).
+    assert before.total_seconds() == pytest.approx(9)
+    assert after.total_seconds() == pytest.approx(2.5 + 2 / 3 + 1 + 2)
+
+
+def test_a_batch_of_long_answers_is_estimated_by_its_tokens(running_batch):
+    """Ten times the output tokens a request take ten times the workers' time (cost
+    units are a request plus its output tokens)."""
+    model = served_model().id
+    live_workers(1, model)
+    short, long = running_batch(12, chunk_size=2), running_batch(12, chunk_size=2)
+    now = timezone.now()
+    finish(short, range(1), workers=["w0"], started=now - timedelta(seconds=20), seconds=1,
+           output_tokens=2 * 9)   # cost 10 a request
+    finish(long, range(1), workers=["w0"], started=now - timedelta(seconds=19), seconds=10,
+           output_tokens=2 * 99)  # cost 100 a request
+
+    estimates.estimates_refresh(now)
+
+    # 20 + 200 cost units in 11 busy seconds: 20 a second. Left: 10 requests each,
+    # 100 and 1000 units. Dispatch shares requests, so both run at the same requests
+    # a second and finish together, after the 1100 units at 20 a second.
+    rows = {row.id: (row.estimated_completion_at - now).total_seconds()
+            for row in Batch.objects.all()}
+    assert ModelThroughput.objects.get(model=model).rate == pytest.approx(20)
+    assert rows[short.id] == pytest.approx(55)
+    assert rows[long.id] == pytest.approx(55)
+
+
+def test_eta_is_null_until_a_rate_is_measured_and_after_the_batch_ends(running_batch, api):
+    batch = running_batch(6, chunk_size=2)
+
+    estimates.estimates_refresh()
+
+    assert api.get(f"/v1/batches/{batch.id}").json()["estimated_completion_at"] is None
+    Batch.objects.filter(id=batch.id).update(status=BatchStatus.COMPLETED,
+                                             estimated_completion_at=timezone.now())
+    assert api.get(f"/v1/batches/{batch.id}").json()["estimated_completion_at"] is None
+
+
+def test_a_window_that_cannot_be_kept_with_the_whole_model_is_at_risk(running_batch, api):
+    model = served_model().id
+    live_workers(1, model)
+    batch = running_batch(40, chunk_size=2)
+    now = timezone.now()
+    finish(batch, range(1), workers=["w0"], started=now - timedelta(seconds=5), seconds=2)
+    # 1 request a second, 38 left, 10 s of window left.
+    Batch.objects.filter(id=batch.id).update(expires_at=now + timedelta(seconds=10))
+
+    estimates.estimates_refresh(now)
+
+    assert api.get(f"/v1/batches/{batch.id}").json()["at_risk"] is True
+    assert estimates.at_risk_count() == 1
+
+
+def test_a_refresh_that_moves_nothing_writes_nothing(running_batch, django_assert_max_num_queries):
+    model = served_model().id
+    live_workers(1, model)
+    batch = running_batch(10, chunk_size=2)
+    now = timezone.now()
+    finish(batch, range(1), workers=["w0"], started=now - timedelta(seconds=5), seconds=2)
+    assert estimates.estimates_refresh(now) == 1
+
+    assert estimates.estimates_refresh(now) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_refreshes_beside_several_workers_flushing_and_dispatching_never_deadlock(
+        upload, published, settings):
+    """Estimate refreshes, dispatches and four workers' progress flushes over chunks
+    of the same batches, at once (PostgreSQL: the lock order of DESIGN.md's facts)."""
+    require_concurrent_database()
+    from batches import services
+    from tests.conftest import chat_line, jsonl
+
+    settings.BATCHGEN_CHUNK_SIZE = 2
+    model = served_model().id
+    live_workers(4, model)
+    batches = []
+    for n in range(3):
+        batch = services.batch_create(
+            input_file_id=upload(jsonl([chat_line(f"b{n}-{i}") for i in range(24)]))["id"],
+            endpoint="/v1/chat/completions", model=model, completion_window="24h")
+        batches.append(services.batch_validate(batch_id=batch.id))
+    held: dict[str, list[int]] = {f"w{i}": [] for i in range(4)}
+    for position, chunk in enumerate(Chunk.objects.filter(index__lt=6).order_by("id")):
+        worker = f"w{position % 4}"
+        Chunk.objects.filter(id=chunk.id).update(status=ChunkStatus.QUEUED)
+        assert chunks.chunk_claim(chunk_id=chunk.id, worker=worker)
+        held[worker].append(chunk.id)
+    rounds, errors, lock = 10, [], threading.Lock()
+
+    def work(i: int):
+        try:
+            if i < 4:
+                name = f"w{i}"
+                for round_ in range(rounds):
+                    counts = {chunk_id: (1, 0) if round_ < 2 else (0, 0) for chunk_id in held[name]}
+                    if round_ == rounds - 1:
+                        chunks.chunks_flush(worker=name, closing=counts)
+                    else:
+                        chunks.chunks_flush(worker=name, progress=counts, holding=held[name])
+            elif i == 4:
+                for _ in range(rounds):
+                    dispatch.dispatch()
+            else:
+                for _ in range(rounds):
+                    estimates.estimates_refresh()
+        except BaseException as exc:
+            with lock:
+                errors.append(exc)
+            raise
+
+    run_together(6, work)
+
+    assert errors == []
+    estimates.estimates_refresh()
+    rows = Batch.objects.filter(id__in=[b.id for b in batches])
+    assert all(row.estimated_completion_at is not None for row in rows), [
+        (row.id, row.status) for row in rows]
+
+
+@pytest.fixture
+def one_request_a_second(settings):
+    model = served_model().id
+    live_workers(1, model)
+    ModelThroughput.objects.create(model=model, rate=1.0, cost_per_request=1.0, workers=1,
+                                   measured_at=timezone.now())
+    settings.BATCHGEN_MIN_COMPLETION_WINDOW_SECONDS = 60
+
+
+def create_200(api, upload, window: str):
+    from tests.conftest import chat_line, jsonl
+
+    file = upload(jsonl([chat_line(f"r{i}") for i in range(200)]))
+    return api.post("/v1/batches", {"input_file_id": file["id"], "completion_window": window},
+                    format="json")
+
+
+def test_strict_admission_refuses_a_window_its_eta_cannot_keep_naming_the_eta(
+        api, upload, published, settings, one_request_a_second):
+    settings.BATCHGEN_STRICT_COMPLETION_WINDOW = True
+
+    response = create_200(api, upload, "2m")  # 200 requests at 1/s: 200 s
+
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "completion_window_infeasible"
+    assert error["param"] == "completion_window"
+    assert "in 200 seconds" in error["message"] and "Unix" in error["message"]
+    assert not Batch.objects.exists()
+    assert create_200(api, upload, "5m").status_code == 200
+
+
+def test_without_strict_admission_an_infeasible_window_is_taken_as_openai_would(
+        api, upload, published, one_request_a_second):
+    assert create_200(api, upload, "2m").status_code == 200
+
+
+def test_a_refresh_reads_the_same_few_queries_for_two_batches_or_eight(running_batch):
+    """Polls read the cached column; the refresh itself must not read per batch."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    model = served_model().id
+    live_workers(2, model)
+    first = running_batch(10, chunk_size=2)
+    running_batch(10, chunk_size=2)
+    now = timezone.now()
+    finish(first, range(2), workers=["w0", "w1"], started=now - timedelta(seconds=10), seconds=2)
+    estimates.estimates_refresh(now)
+    with CaptureQueriesContext(connection) as two:
+        assert estimates.estimates_refresh(now) == 0
+    for _ in range(6):
+        running_batch(10, chunk_size=2)
+    estimates.estimates_refresh(now)
+
+    with CaptureQueriesContext(connection) as eight:
+        assert estimates.estimates_refresh(now) == 0
+
+    assert len(eight.captured_queries) == len(two.captured_queries) <= 12
+
+
+def test_strict_admission_counts_the_work_already_running(
+        api, upload, published, settings, one_request_a_second, running_batch):
+    """Alone, 200 requests at 1/s take 200 s and fit 5 minutes. Beside a running
+    batch of 400 with a 24 h window they still do (the deadline policy takes the
+    share from it); beside one that needs nearly the whole model to keep its own
+    window (400 requests in 420 s), they do not."""
+    settings.BATCHGEN_STRICT_COMPLETION_WINDOW = True
+    running = running_batch(400, chunk_size=200)
+
+    assert create_200(api, upload, "5m").status_code == 200
+    Batch.objects.filter(status=BatchStatus.VALIDATING).update(status=BatchStatus.FAILED)
+    Batch.objects.filter(id=running.id).update(expires_at=timezone.now() + timedelta(seconds=420))
+
+    response = create_200(api, upload, "5m")
+
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["code"] == "completion_window_infeasible"
+
+
+def test_a_file_s_requests_are_estimated_from_its_head(tmp_path):
+    path = tmp_path / "input.jsonl"
+    line = b'{"custom_id": "x", "body": {}}\n'
+    path.write_bytes(line * 100_000)
+
+    estimate = estimates.requests_estimate(path=path, size=path.stat().st_size)
+
+    assert estimate == pytest.approx(100_000, rel=0.001)
