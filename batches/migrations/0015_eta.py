@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('batches', '0013_owner_in_core'),
+        ('batches', '0014_endpoint_score_rerank'),
     ]
 
     operations = [
