@@ -8,7 +8,7 @@ from django.utils import timezone
 from core.errors import NotFound
 from core.ids import issued_at
 from core.pagination import invalid_cursor
-from files import storage
+from files import backends
 from files.models import File
 
 
@@ -54,9 +54,9 @@ def _cursor_has_a_place(after: str, files: QuerySet[File]) -> bool:
 
 def file_bytes_path(*, file_id: str) -> Path | None:
     """Where a file's bytes are, or None when the file is gone: its row deleted, or
-    its bytes removed from the storage path behind the server's back."""
+    its bytes removed from the storage path behind the server's back. On a bucket
+    the bytes are downloaded once into this process's scratch area."""
     storage_name = File.objects.filter(id=file_id).values_list("storage_name", flat=True).first()
     if storage_name is None:
         return None
-    path = storage.absolute(storage_name)
-    return path if path.exists() else None
+    return backends.current().local_path(storage_name)

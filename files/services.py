@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import re
 import unicodedata
 from datetime import timedelta
@@ -12,9 +11,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from core.errors import BatchGenError, Conflict, NotFound
+from core.errors import BatchGenError, Conflict, NotFound, StorageFull, StorageUnreachable
 from core.ids import new_id
-from files import storage
+from core.outage import OBJECT_STORE, outage_began
+from files import backends, storage
 from files.models import File, FilePurpose, FileStatus
 from files.signals import file_in_use
 from files.upload import StreamedUpload
@@ -49,9 +49,11 @@ def file_upload(*, upload: StreamedUpload, purpose: str, owner=None,
         raise BatchGenError("The uploaded file is empty.", param="file", code="empty_file")
     file_id = new_id("file-")
     name = storage.upload_name(file_id)
-    final = storage.absolute(name)
-    os.replace(upload.path, final)
-    storage.fsync_dir(final.parent)
+    store = backends.current()
+    try:
+        store.put_file(name, upload.path)
+    except backends.StorageUnavailable as exc:
+        raise storage_unavailable(exc) from None
     now = timezone.now()
     try:
         return File.objects.create(
@@ -67,8 +69,15 @@ def file_upload(*, upload: StreamedUpload, purpose: str, owner=None,
             owner=owner,
         )
     except Exception:
-        final.unlink(missing_ok=True)
+        store.delete(name)
         raise
+
+
+def storage_unavailable(error: BaseException) -> StorageFull:
+    """The object store refused or did not answer: the client may retry later (507,
+    as when the storage path is full), and the outage is said once (core.outage)."""
+    outage_began(OBJECT_STORE, error)
+    return StorageFull(f"The file store is unavailable ({error}); try again shortly.")
 
 
 def _expiry(created_at, expires_after_seconds: int | None = None):
@@ -92,6 +101,9 @@ def file_register_output(*, batch_id: str, owner=None, size: int | None = None,
     path.touch(exist_ok=True)
     if size is None or digest is None:
         size, digest = storage.sha256_of(path)
+    store = backends.current()
+    if not isinstance(store, backends.PathStorage):
+        store.put_file(name, path)  # a bucket keeps the output; the path was scratch
     now = timezone.now()
     return File.objects.create(
         id=new_id("file-"),
@@ -105,6 +117,19 @@ def file_register_output(*, batch_id: str, owner=None, size: int | None = None,
         expires_at=_expiry(now, expires_after_seconds),
         owner=owner,
     )
+
+
+def file_open(*, file: File):
+    """A readable stream of the file's bytes, wherever they are kept."""
+    try:
+        return backends.current().open(file.storage_name)
+    except FileNotFoundError:
+        raise NotFound(f"The bytes of file {file.id} are gone from storage.",
+                       param="file_id") from None
+    except backends.StorageUnavailable as exc:
+        outage_began(OBJECT_STORE, exc)
+        raise StorageUnreachable(f"The file store is unavailable ({exc}); try again "
+                                 "shortly.") from None
 
 
 def file_lock(*, file_id: str) -> File | None:
@@ -121,7 +146,7 @@ def file_lock(*, file_id: str) -> File | None:
 def file_delete(*, file: File) -> None:
     """Delete a file and its bytes; refused while an active batch reads or writes it.
     A file deleted by a concurrent call is a 404, as if it had never been there."""
-    path = storage.absolute(file.storage_name)
+    name = file.storage_name
     with transaction.atomic():
         if file_lock(file_id=file.id) is None:
             raise NotFound(f"No such file: {file.id}", param="file_id")
@@ -131,8 +156,19 @@ def file_delete(*, file: File) -> None:
                 param="file_id", code="file_in_use",
             )
         file.delete()
-        transaction.on_commit(lambda: path.unlink(missing_ok=True))
+        transaction.on_commit(lambda: _delete_bytes(name))
     logger.info("file deleted file_id=%s", file.id)
+
+
+def _delete_bytes(name: str) -> None:
+    """After the row is gone: an object store that is down leaves an orphan object,
+    which `manage.py storage_sweep`-style cleanup may find later; the user's delete
+    has succeeded either way."""
+    try:
+        backends.current().delete(name)
+    except backends.StorageUnavailable as exc:
+        outage_began(OBJECT_STORE, exc)
+        logger.warning("file bytes not deleted name=%s: %s", name, exc)
 
 
 def files_purge(*, older_than: timedelta | None = None) -> int:
