@@ -66,6 +66,9 @@ class StorageBackend(Protocol):
     def names(self, prefix: str) -> Iterator[str]:
         """Every stored name under `prefix` (`uploads/`)."""
 
+    def probe(self) -> None:
+        """Raise StorageUnavailable unless the store answers now (/health)."""
+
 
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
@@ -103,6 +106,10 @@ class PathStorage:
     def local_path(self, name: str) -> Path | None:
         path = self._path(name)
         return path if path.exists() else None
+
+    def probe(self) -> None:
+        """The storage path is a local or mounted folder: a full one is the workers'
+        storage error, said by /health from their rows."""
 
     def names(self, prefix: str) -> Iterator[str]:
         base = self._path(prefix)
@@ -206,6 +213,11 @@ class S3Storage:
             return False
         return True
 
+    def probe(self) -> None:
+        """One quick request, no retries: a load balancer's probe must not hang."""
+        self._call("probe", _client(self._addressing_style, probe=True).head_bucket,
+                   Bucket=self.bucket)
+
     def local_path(self, name: str) -> Path | None:
         """Download once into the scratch area (a rename makes it appear whole), then
         reuse: stored objects never change under a name."""
@@ -236,7 +248,7 @@ class S3Storage:
 
 
 @lru_cache(maxsize=4)
-def _client(addressing_style: str):
+def _client(addressing_style: str, probe: bool = False):
     """One client per process (boto3 clients are thread-safe; building one costs
     tens of milliseconds). Retries are botocore's standard mode: a store that blinks
     is retried a few times before its outage is said."""
@@ -245,8 +257,8 @@ def _client(addressing_style: str):
 
     return boto3.session.Session().client("s3", config=Config(
         s3={"addressing_style": addressing_style},
-        retries={"mode": "standard", "max_attempts": 3},
-        connect_timeout=5, read_timeout=30,
+        retries={"mode": "standard", "max_attempts": 1 if probe else 3},
+        connect_timeout=2 if probe else 5, read_timeout=5 if probe else 30,
     ))
 
 

@@ -111,3 +111,6 @@ def test_a_store_that_does_not_answer_is_a_507_on_upload_and_a_503_on_download(
 
     assert_envelope(api.get(f"/v1/files/{file['id']}/content"), 503,
                     code="storage_unavailable")
+    health = api.get("/health")
+    assert health.status_code == 503
+    assert health.json()["reason"].startswith("object store unreachable")
