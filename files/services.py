@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import unicodedata
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
@@ -192,3 +193,36 @@ def files_purge(*, older_than: timedelta | None = None) -> int:
             if partial.stat().st_mtime < cutoff:
                 partial.unlink(missing_ok=True)
     return deleted
+
+
+@dataclass
+class MoveReport:
+    moved: int = 0
+    moved_bytes: int = 0
+    already_there: int = 0
+    missing: list[str] = field(default_factory=list)  # file ids whose bytes are gone
+
+
+def files_move_to_store(*, url: str, dry_run: bool = False) -> MoveReport:
+    """Move every file's bytes from the storage path to the store `url` names
+    (`s3://bucket/prefix`), under the same storage names, so the File rows stay as
+    they are. Each file is uploaded (multipart, streamed) before its local copy is
+    removed, so an interrupted move loses nothing: run it again and it goes on. Run
+    it with the server stopped, then start the server with BATCHGEN_STORAGE_URL=url."""
+    source = backends.PathStorage(settings.STORAGE_PATH)
+    target = backends.backend_for(url)
+    report = MoveReport()
+    for file_id, name, size in File.objects.order_by("id").values_list(
+            "id", "storage_name", "bytes").iterator():
+        local = source.local_path(name)
+        if local is None:
+            if target.exists(name):
+                report.already_there += 1
+            else:
+                report.missing.append(file_id)
+            continue
+        if not dry_run:
+            target.put_file(name, local)
+        report.moved += 1
+        report.moved_bytes += size
+    return report

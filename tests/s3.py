@@ -159,6 +159,7 @@ def s3_server() -> Iterator[S3Server]:
 @pytest.fixture
 def s3_storage(s3_server, settings, monkeypatch) -> str:
     """This test's files in the bucket under a prefix of its own; returns the URL."""
+    from core import outage
     from files import backends
 
     for name, value in s3_server.env.items():
@@ -169,3 +170,4 @@ def s3_storage(s3_server, settings, monkeypatch) -> str:
     settings.BATCHGEN_S3_ADDRESSING_STYLE = "path"
     yield url
     backends._client.cache_clear()
+    outage._down.pop(outage.OBJECT_STORE, None)  # an outage a test made ends with it

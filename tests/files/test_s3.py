@@ -114,3 +114,32 @@ def test_a_store_that_does_not_answer_is_a_507_on_upload_and_a_503_on_download(
     health = api.get("/health")
     assert health.status_code == 503
     assert health.json()["reason"].startswith("object store unreachable")
+
+
+def test_storage_move_puts_a_paths_files_in_the_bucket_and_says_what_it_moved(
+        api, upload, s3_server, s3_storage, settings, storage):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    # Given: a deployment on a path with two files
+    settings.BATCHGEN_STORAGE_URL = ""
+    files = [upload(CONTENT), upload(CONTENT + CONTENT)]
+    assert len(list((storage / "uploads").glob("file-*"))) == 2
+
+    # When: moved to the bucket, twice (the second run has nothing left to do)
+    out = StringIO()
+    call_command("storage_move", s3_storage, stdout=out)
+    again = StringIO()
+    call_command("storage_move", s3_storage, stdout=again)
+
+    # Then: the bytes are objects, none stays on the path, and the server on the bucket
+    # serves them under the same rows
+    assert out.getvalue().startswith("moved 2 file(s), ")
+    assert "moved 0 file(s)" in again.getvalue()
+    assert "2 file(s) were in the bucket already" in again.getvalue()
+    assert list((storage / "uploads").glob("file-*")) == []
+    assert len(s3_server.keys(prefix_of(s3_storage))) == 2
+    settings.BATCHGEN_STORAGE_URL = s3_storage
+    body = b"".join(api.get(f"/v1/files/{files[1]['id']}/content").streaming_content)
+    assert body == CONTENT + CONTENT
