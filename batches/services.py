@@ -31,10 +31,10 @@ from batches.validation import ValidationReport, validate_file
 from core.errors import BatchGenError, CapacityFull, NotFound, is_storage_full
 from core.ids import new_id
 from core.transient import retry_transient
-from files import storage
+from files import backends, segments, storage
 from files.incremental import repair_tail
-from files.models import File, FilePurpose
-from files.selectors import file_bytes_path
+from files.models import File, FilePurpose, OutputSegment
+from files.selectors import file_bytes_path, output_segments
 from files.services import file_lock, file_register_output
 from serving.model_info import model_routes
 
@@ -319,6 +319,35 @@ def batch_settle(*, batch_id: str) -> None:
         batch_finalize(batch_id=batch_id)
 
 
+class _StoredOutput:
+    """An output object opened as output_digest_and_usage opens a path."""
+
+    def __init__(self, store, name: str) -> None:
+        self.store, self.name = store, name
+
+    def open(self, mode: str = "rb"):
+        return self.store.open(self.name)
+
+
+def _compose_segments(store, batch_id: str) -> _StoredOutput:
+    """On an object store: the counted segments composed into the output object, then
+    their rows dropped and, once committed, the segment objects (orphans a dead
+    attempt left included) deleted (files.segments)."""
+    name = storage.incremental_name(batch_id)
+    counted = output_segments(batch_id=batch_id)
+    composed = segments.compose(store, counted, name)
+    OutputSegment.objects.filter(batch_id=batch_id).delete()
+    logger.info("output composed batch_id=%s segments=%s bytes=%s copied_parts=%s",
+                batch_id, len(counted), composed.size, composed.copied_parts)
+
+    def delete_segments() -> None:
+        for leftover in store.names(f"incremental/{batch_id}/"):
+            store.delete(leftover)
+
+    transaction.on_commit(delete_segments, robust=True)
+    return _StoredOutput(store, name)
+
+
 @retry_transient
 @retry_transient
 def batch_finalize(*, batch_id: str) -> Batch:
@@ -336,13 +365,17 @@ def batch_finalize(*, batch_id: str) -> Batch:
     with transaction.atomic():
         batch = Batch.objects.select_for_update().get(id=batch_id)
         if batch.output_file_id is None and batch.in_progress_at is not None:
-            # No chunk is open, so a torn last line is a dead writer's, never a result.
-            output = storage.absolute(storage.incremental_name(batch_id))
-            repair_tail(output)
+            store = backends.current()
+            if isinstance(store, backends.PathStorage):
+                # No chunk is open, so a torn last line is a dead writer's, never a result.
+                output = storage.absolute(storage.incremental_name(batch_id))
+                repair_tail(output)
+                output.parent.mkdir(parents=True, exist_ok=True)
+                output.touch(exist_ok=True)
+            else:
+                output = _compose_segments(store, batch_id)
             # One read for the checksum and the exact usage (the running figures may
             # miss results a dead worker wrote but never flushed).
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.touch(exist_ok=True)
             size, digest, usage = output_digest_and_usage(output)
             batch.output_file = file_register_output(
                 batch_id=batch_id, owner=batch.owner, size=size, digest=digest,

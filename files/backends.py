@@ -196,6 +196,11 @@ class S3Storage:
                    self.key(name), Config=config)
         source.unlink(missing_ok=True)
 
+    def put_bytes(self, name: str, data: bytes) -> None:
+        """One small immutable object (a segment of the incremental output)."""
+        self._call(f"upload of {name}", self.client.put_object, Bucket=self.bucket,
+                   Key=self.key(name), Body=data)
+
     def open(self, name: str) -> BinaryIO:
         response = self._call(name, self.client.get_object, Bucket=self.bucket,
                               Key=self.key(name))

@@ -68,6 +68,22 @@ def read_from(store: S3Storage, segments: Sequence[Segment], offset: int,
         start = end
 
 
+def starts_a_line(store: S3Storage, segments: Sequence[Segment], offset: int) -> bool:
+    """Whether `offset` is where a line starts: a segment's start, or just after a
+    newline (one byte read with a ranged GET)."""
+    start = 0
+    for segment in segments:
+        if offset == start:
+            return True
+        if offset < start + segment.size:
+            response = store._call(segment.name, store.client.get_object, Bucket=store.bucket,
+                                   Key=store.key(segment.name),
+                                   Range=f"bytes={offset - start - 1}-{offset - start - 1}")
+            return response["Body"].read() == b"\n"
+        start += segment.size
+    return offset == start
+
+
 @dataclass(frozen=True)
 class Composed:
     name: str
@@ -137,3 +153,24 @@ def orphans(store: S3Storage, batch_id: str, counted: Iterable[Segment]) -> list
     finalization; never part of the stream."""
     keep = {segment.name for segment in counted}
     return [name for name in store.names(f"incremental/{batch_id}/") if name not in keep]
+
+
+def scan_segments(store: S3Storage, counted: Sequence[Segment],
+                  custom_ids: set[str]) -> dict[str, bool]:
+    """As files.incremental.scan_results, over a chunk's counted segments: which of
+    `custom_ids` have a line there, and whether it is a success."""
+    import orjson
+
+    found: dict[str, bool] = {}
+    tail = b""
+    for block in read_from(store, counted, 0):
+        lines = (tail + block).split(b"\n")
+        tail = lines.pop()
+        for raw in lines:
+            try:
+                item = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                continue
+            if item.get("custom_id") in custom_ids:
+                found[item["custom_id"]] = item.get("error") is None
+    return found

@@ -9,7 +9,8 @@ from core.errors import NotFound
 from core.ids import issued_at
 from core.pagination import invalid_cursor
 from files import backends
-from files.models import File
+from files.models import File, OutputSegment
+from files.segments import Segment
 
 
 def visible_files(owner=None) -> QuerySet[File]:
@@ -60,3 +61,11 @@ def file_bytes_path(*, file_id: str) -> Path | None:
     if storage_name is None:
         return None
     return backends.current().local_path(storage_name)
+
+
+def output_segments(*, batch_id: str, chunk_id: int | None = None) -> list[Segment]:
+    """A batch's counted segments in stream order (or one chunk's): files.segments."""
+    rows = OutputSegment.objects.filter(batch_id=batch_id)
+    if chunk_id is not None:
+        rows = rows.filter(chunk_id=chunk_id)
+    return [Segment(name, size) for name, size in rows.order_by("id").values_list("name", "size")]

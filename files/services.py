@@ -97,14 +97,15 @@ def file_register_output(*, batch_id: str, owner=None, size: int | None = None,
     A caller that read the file already passes its size and sha256; the batch's
     `output_expires_after` counts from now, when the file is registered."""
     name = storage.incremental_name(batch_id)
-    path = storage.absolute(name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch(exist_ok=True)
-    if size is None or digest is None:
-        size, digest = storage.sha256_of(path)
-    store = backends.current()
-    if not isinstance(store, backends.PathStorage):
-        store.put_file(name, path)  # a bucket keeps the output; the path was scratch
+    if isinstance(backends.current(), backends.PathStorage):
+        path = storage.absolute(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(exist_ok=True)
+        if size is None or digest is None:
+            size, digest = storage.sha256_of(path)
+    elif size is None or digest is None:  # composed by batches' finalization
+        with backends.current().open(name) as stream:
+            size, digest = backends.sha256_of_stream(stream)
     now = timezone.now()
     return File.objects.create(
         id=new_id("file-"),
