@@ -9,6 +9,7 @@ import hashlib
 import os
 from io import BytesIO
 
+import orjson
 import pytest
 
 from batches import services
@@ -143,3 +144,58 @@ def test_storage_move_puts_a_paths_files_in_the_bucket_and_says_what_it_moved(
     settings.BATCHGEN_STORAGE_URL = s3_storage
     body = b"".join(api.get(f"/v1/files/{files[1]['id']}/content").streaming_content)
     assert body == CONTENT + CONTENT
+
+
+@pytest.mark.django_db(transaction=True)  # the runtime's threads write the database too
+def test_a_chunk_rerun_after_a_lost_lease_counts_once_and_the_view_shows_only_counted_lines(
+        api, runtime_factory, batch_in_progress, s3_storage, s3_server):
+    from batches.models import Batch, ChunkStatus
+    from files.models import OutputSegment
+    from files.segments import segment_name
+    from inference.output import format_line
+    from serving.engines.base import EngineResult
+
+    # Given: attempt 1 of the only chunk flushed one segment (req-0, counted), then
+    # wrote another (req-1, req-2) and lost its lease before its flush recorded it
+    batch = batch_in_progress(4, chunk_size=4)
+    chunk = Chunk.objects.get(batch=batch)
+    store = backends.current()
+    counted = format_line("req-0", EngineResult(body={"earlier": True}))
+    store.put_bytes(segment_name(batch.id, 0, 1, 0), counted)
+    store.put_bytes(segment_name(batch.id, 0, 1, 1),
+                    format_line("req-1", EngineResult(body={"orphan": True}))
+                    + format_line("req-2", EngineResult(body={"orphan": True})))
+    OutputSegment.objects.create(batch_id=batch.id, chunk_id=chunk.id,
+                                 name=segment_name(batch.id, 0, 1, 0), size=len(counted),
+                                 start_offset=0)
+    Chunk.objects.filter(id=chunk.id).update(status=ChunkStatus.RUNNING, attempts=1,
+                                             completed=1, worker="dead-worker",
+                                             lease_expires_at="2000-01-01T00:00:00Z")
+    Batch.objects.filter(id=batch.id).update(completed=1)
+    before = api.get(f"/v1/batches/{batch.id}/output?offset=0")
+    assert b"".join(before.streaming_content) == counted  # the orphan is not in it
+    assert before["X-Next-Offset"] == str(len(counted))
+
+    # When: recovery hands the chunk to a live worker, which runs it again
+    runtime_factory().run_chunk(chunk.id)
+
+    # Then: the view shows every custom_id once, whole lines, resumable at its offsets
+    response = api.get(f"/v1/batches/{batch.id}/output?offset={len(counted)}")
+    rest = b"".join(response.streaming_content)
+    stream = counted + rest
+    assert response["X-Next-Offset"] == str(len(stream))
+    ids = [orjson.loads(line)["custom_id"] for line in stream.splitlines()]
+    assert sorted(ids) == ["req-0", "req-1", "req-2", "req-3"]
+    assert b'"orphan"' not in stream
+    assert_envelope(api.get(f"/v1/batches/{batch.id}/output?offset={len(counted) + 3}"), 400,
+                    code="offset_not_at_line_start")
+    done = api.get(f"/v1/batches/{batch.id}/output?offset={len(stream)}")
+    assert b"".join(done.streaming_content) == b""
+
+    # and finalization composes exactly that, leaving no segment object behind
+    batch = services.batch_finalize(batch_id=batch.id)
+    assert (batch.completed, batch.failed) == (4, 0)
+    body = b"".join(api.get(f"/v1/files/{batch.output_file_id}/content").streaming_content)
+    assert body == stream
+    assert s3_server.keys(f"{prefix_of(s3_storage)}/incremental/") == [
+        f"{prefix_of(s3_storage)}/incremental/{batch.id}.jsonl"]
