@@ -18,7 +18,7 @@ from batches.serializers import (
     PoolStatusSerializer,
 )
 from core.auth import request_owner
-from core.errors import BatchGenError, checked_id, error_responses
+from core.errors import BatchGenError, StorageUnreachable, checked_id, error_responses
 from core.pagination import list_page
 from core.parsers import JSONParser
 from core.representation import represent
@@ -126,7 +126,12 @@ def _output_on_object_store(store, batch, offset: int) -> StreamingHttpResponse:
     if offset > end:
         raise BatchGenError(f"offset {offset} is past the {end} bytes written so far.",
                             param="offset")
-    if 0 < offset < end and not starts_a_line(store, counted, offset):
+    try:
+        at_line_start = offset in (0, end) or starts_a_line(store, counted, offset)
+    except backends.StorageUnavailable as exc:
+        raise StorageUnreachable(f"The file store is unavailable ({exc}); try again "
+                                 "shortly.") from None
+    if not at_line_start:
         raise BatchGenError(
             f"offset {offset} is inside a line. Resume from the X-Next-Offset of the "
             "previous answer.", param="offset", code="offset_not_at_line_start")
