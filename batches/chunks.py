@@ -103,7 +103,7 @@ def chunk_claim(*, chunk_id: int, worker: str) -> ChunkWork | None:
         chunk_id=chunk.id, batch_id=batch.id, index=chunk.index, endpoint=batch.endpoint,
         input_path=str(storage.input_path(batch.input_file.storage_name)),
         output_path=str(storage.absolute(storage.incremental_name(batch.id))),
-        order_path=(str(storage.absolute(storage.order_name(batch.id))) if batch.grouped
+        order_path=(str(storage.input_path(storage.order_name(batch.id))) if batch.grouped
                     else None),
         start_offset=chunk.start_offset, end_offset=chunk.end_offset, count=chunk.count,
         attempts=chunk.attempts, completed=chunk.completed, failed=chunk.failed,

@@ -215,8 +215,19 @@ def batch_validate(*, batch_id: str) -> Batch:
                                 "message": "The input file holds no requests."})
         return batch_get(batch_id=batch_id)
 
+    if order_path is not None and order_path.exists():
+        _share_order_file(batch_id, order_path)
     _admit(batch_id=batch_id, report=report)
     return batch_get(batch_id=batch_id)
+
+
+def _share_order_file(batch_id: str, order_path) -> None:
+    """On an object store the workers have no path in common with this process: the
+    order file of a grouped batch goes to the bucket, where each worker fetches it
+    (files.storage.input_path)."""
+    store = backends.current()
+    if not isinstance(store, backends.PathStorage):
+        store.put_file(storage.order_name(batch_id), order_path)
 
 
 @retry_transient
@@ -392,6 +403,8 @@ def batch_finalize(*, batch_id: str) -> Batch:
     intake.intake_release(batch_id=batch_id)
     # No chunk will be read again: the order file of a grouped batch can go.
     storage.absolute(storage.order_name(batch_id)).unlink(missing_ok=True)
+    if not isinstance(backends.current(), backends.PathStorage):
+        backends.current().delete(storage.order_name(batch_id))
     return batch_get(batch_id=batch_id)
 
 

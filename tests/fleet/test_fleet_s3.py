@@ -11,6 +11,7 @@ import os
 import signal
 import uuid
 
+import httpx
 import pytest
 
 from tests.e2e.harness import Server, chat_lines, output_ids, server_env, wait_until
@@ -24,6 +25,13 @@ COUNT = 2_000
 # lease requeues the killed worker's chunks within seconds.
 SETTINGS = {"BATCHGEN_SIM_LATENCY_MS": "100", "BATCHGEN_MAX_POOL_SIZE": "16",
             "BATCHGEN_CHUNK_SIZE": "50", "BATCHGEN_CHUNK_LEASE_SECONDS": "8"}
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=5).status_code in (200, 503)
+    except httpx.HTTPError:
+        return False
 
 
 @pytest.fixture
@@ -41,6 +49,9 @@ def s3_fleet(fleet_backends, s3_server, tmp_path):
     try:
         server.start()
         del server.wait_healthy
+        # The web answers once serve has migrated the database the workers need.
+        wait_until(lambda: _answers(f"{server.base_url}/health"), timeout=120,
+                   message="the web server to answer")
         for number in range(4):
             own = {**env, "BATCHGEN_STORAGE_PATH": str(tmp_path / f"worker{number}")}
             workers.append(ExtraWorker(f"s3worker{number}", own,
