@@ -31,6 +31,7 @@ from django.db.models import (
     IntegerField,
     OuterRef,
     Q,
+    Sum,
     Value,
     When,
 )
@@ -45,6 +46,7 @@ from batches.usage import USAGE_COLUMNS, USAGE_FIELDS, Usage
 from core.errors import StorageFull
 from core.transient import retry_transient
 from files import storage
+from files.models import OutputSegment
 from serving.params import BatchParams
 
 logger = logging.getLogger("batchgen.batches")
@@ -99,9 +101,9 @@ def chunk_claim(*, chunk_id: int, worker: str) -> ChunkWork | None:
                 chunk.index, chunk.attempts, worker)
     return ChunkWork(
         chunk_id=chunk.id, batch_id=batch.id, index=chunk.index, endpoint=batch.endpoint,
-        input_path=str(storage.absolute(batch.input_file.storage_name)),
+        input_path=str(storage.input_path(batch.input_file.storage_name)),
         output_path=str(storage.absolute(storage.incremental_name(batch.id))),
-        order_path=(str(storage.absolute(storage.order_name(batch.id))) if batch.grouped
+        order_path=(str(storage.input_path(storage.order_name(batch.id))) if batch.grouped
                     else None),
         start_offset=chunk.start_offset, end_offset=chunk.end_offset, count=chunk.count,
         attempts=chunk.attempts, completed=chunk.completed, failed=chunk.failed,
@@ -142,7 +144,8 @@ def chunks_flush(*, worker: str, progress: dict[int, Counts] | None = None,
                  closing: dict[int, Counts] | None = None,
                  releasing: dict[int, Counts] | None = None,
                  holding: Iterable[int] = (),
-                 usage: dict[int, Usage] | None = None) -> FlushResult:
+                 usage: dict[int, Usage] | None = None,
+                 segments: dict[int, list[tuple[str, int]]] | None = None) -> FlushResult:
     """Everything a worker has to say about its chunks since the last flush, in one
     transaction: results written (`progress`), chunks finished (`closing`: done, or
     skipped when their batch stopped) and chunks handed back (`releasing`: the worker
@@ -155,7 +158,9 @@ def chunks_flush(*, worker: str, progress: dict[int, Counts] | None = None,
     A chunk the worker no longer holds (its lease expired and recovery requeued it)
     is reported in `lost` and none of its counts are kept: the next attempt finds
     the written lines and accounts them itself (its usage is counted at finalization,
-    which recomputes it from the output file)."""
+    which recomputes it from the output file). On an object store the chunk's
+    `segments` (name, size) written since the last flush are recorded with its
+    counts, and like them only while the worker holds the chunk (files.segments)."""
     progress, closing, releasing = progress or {}, closing or {}, releasing or {}
     usage = usage or {}
     result = FlushResult()
@@ -175,6 +180,7 @@ def chunks_flush(*, worker: str, progress: dict[int, Counts] | None = None,
         closed_batches = _close_chunks(rows, counts, closing, figures, result)
         released = _release_chunks(rows, releasing)
         _account_batches(figures, closed_batches)
+        _record_segments(rows, segments or {})
         result.stop_batches = _stopped_batches(rows, result.closed, released)
         settled = batches_without_open_chunks(closed_batches)
         refs = [(rows[c][0], c, rows[c][4]) for c in released]
@@ -269,6 +275,28 @@ def _release_chunks(rows: HeldRows, releasing: dict[int, Counts]) -> list[int]:
         Chunk.objects.filter(id__in=released).update(
             status=ChunkStatus.QUEUED, worker="", lease_expires_at=None, published_at=None)
     return released
+
+
+def _record_segments(rows: HeldRows, segments: dict[int, list[tuple[str, int]]]) -> None:
+    """The held chunks' new segments, appended to their batches' streams under the
+    batch rows' locks, so a batch's segment ids are its stream's order."""
+    held = {chunk_id: written for chunk_id, written in segments.items()
+            if chunk_id in rows and written}
+    if not held:
+        return
+    batch_ids = sorted({rows[chunk_id][0] for chunk_id in held})
+    lock_ids(Batch.objects.filter(id__in=batch_ids))
+    ends = dict(OutputSegment.objects.filter(batch_id__in=batch_ids).values("batch_id")
+                .annotate(end=Sum("size")).values_list("batch_id", "end"))
+    new = []
+    for chunk_id in sorted(held):
+        batch_id = rows[chunk_id][0]
+        for name, size in held[chunk_id]:
+            start = ends.get(batch_id) or 0
+            new.append(OutputSegment(batch_id=batch_id, chunk_id=chunk_id, name=name,
+                                     size=size, start_offset=start))
+            ends[batch_id] = start + size
+    OutputSegment.objects.bulk_create(new)
 
 
 def _account_batches(figures: _BatchFigures, closed_batches: set[str]) -> None:

@@ -22,10 +22,9 @@ from django.utils.html import format_html, format_html_join
 
 from batches.models import Batch
 from batches.selectors import file_in_active_use
-from core.errors import Conflict
-from files import storage
+from core.errors import Conflict, NotFound
 from files.models import File
-from files.services import file_delete
+from files.services import file_delete, file_open
 
 LINKED_BATCHES_SHOWN = 20
 
@@ -83,8 +82,8 @@ class FileAdmin(admin.ModelAdmin):
             raise PermissionDenied
         file = get_object_or_404(File, id=unquote(object_id))
         try:
-            handle = storage.absolute(file.storage_name).open("rb")
-        except FileNotFoundError:
+            handle = file_open(file=file)
+        except NotFound:
             raise Http404(f"The bytes of file {file.id} are gone from storage.") from None
         return FileResponse(handle, as_attachment=True, filename=file.filename,
                             content_type="application/jsonl")

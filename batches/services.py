@@ -33,10 +33,10 @@ from batches.windows import window_seconds
 from core.errors import BatchGenError, CapacityFull, NotFound, is_storage_full
 from core.ids import new_id
 from core.transient import retry_transient
-from files import storage
+from files import backends, segments, storage
 from files.incremental import repair_tail
-from files.models import File, FilePurpose
-from files.selectors import file_bytes_path
+from files.models import File, FilePurpose, OutputSegment
+from files.selectors import file_bytes_path, output_segments
 from files.services import file_lock, file_register_output
 from serving.model_info import model_routes, served_models
 
@@ -253,8 +253,19 @@ def batch_validate(*, batch_id: str) -> Batch:
                                 "message": "The input file holds no requests."})
         return batch_get(batch_id=batch_id)
 
+    if order_path is not None and order_path.exists():
+        _share_order_file(batch_id, order_path)
     _admit(batch_id=batch_id, report=report)
     return batch_get(batch_id=batch_id)
+
+
+def _share_order_file(batch_id: str, order_path) -> None:
+    """On an object store the workers have no path in common with this process: the
+    order file of a grouped batch goes to the bucket, where each worker fetches it
+    (files.storage.input_path)."""
+    store = backends.current()
+    if not isinstance(store, backends.PathStorage):
+        store.put_file(storage.order_name(batch_id), order_path)
 
 
 @retry_transient
@@ -357,6 +368,35 @@ def batch_settle(*, batch_id: str) -> None:
         batch_finalize(batch_id=batch_id)
 
 
+class _StoredOutput:
+    """An output object opened as output_digest_and_usage opens a path."""
+
+    def __init__(self, store, name: str) -> None:
+        self.store, self.name = store, name
+
+    def open(self, mode: str = "rb"):
+        return self.store.open(self.name)
+
+
+def _compose_segments(store, batch_id: str) -> _StoredOutput:
+    """On an object store: the counted segments composed into the output object, then
+    their rows dropped and, once committed, the segment objects (orphans a dead
+    attempt left included) deleted (files.segments)."""
+    name = storage.incremental_name(batch_id)
+    counted = output_segments(batch_id=batch_id)
+    composed = segments.compose(store, counted, name)
+    OutputSegment.objects.filter(batch_id=batch_id).delete()
+    logger.info("output composed batch_id=%s segments=%s bytes=%s copied_parts=%s",
+                batch_id, len(counted), composed.size, composed.copied_parts)
+
+    def delete_segments() -> None:
+        for leftover in store.names(f"incremental/{batch_id}/"):
+            store.delete(leftover)
+
+    transaction.on_commit(delete_segments, robust=True)
+    return _StoredOutput(store, name)
+
+
 @retry_transient
 @retry_transient
 def batch_finalize(*, batch_id: str) -> Batch:
@@ -374,13 +414,17 @@ def batch_finalize(*, batch_id: str) -> Batch:
     with transaction.atomic():
         batch = Batch.objects.select_for_update().get(id=batch_id)
         if batch.output_file_id is None and batch.in_progress_at is not None:
-            # No chunk is open, so a torn last line is a dead writer's, never a result.
-            output = storage.absolute(storage.incremental_name(batch_id))
-            repair_tail(output)
+            store = backends.current()
+            if isinstance(store, backends.PathStorage):
+                # No chunk is open, so a torn last line is a dead writer's, never a result.
+                output = storage.absolute(storage.incremental_name(batch_id))
+                repair_tail(output)
+                output.parent.mkdir(parents=True, exist_ok=True)
+                output.touch(exist_ok=True)
+            else:
+                output = _compose_segments(store, batch_id)
             # One read for the checksum and the exact usage (the running figures may
             # miss results a dead worker wrote but never flushed).
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.touch(exist_ok=True)
             size, digest, usage = output_digest_and_usage(output)
             batch.output_file = file_register_output(
                 batch_id=batch_id, owner=batch.owner, size=size, digest=digest,
@@ -397,6 +441,8 @@ def batch_finalize(*, batch_id: str) -> Batch:
     intake.intake_release(batch_id=batch_id)
     # No chunk will be read again: the order file of a grouped batch can go.
     storage.absolute(storage.order_name(batch_id)).unlink(missing_ok=True)
+    if not isinstance(backends.current(), backends.PathStorage):
+        backends.current().delete(storage.order_name(batch_id))
     return batch_get(batch_id=batch_id)
 
 

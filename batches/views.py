@@ -18,12 +18,14 @@ from batches.serializers import (
     PoolStatusSerializer,
 )
 from core.auth import request_owner
-from core.errors import BatchGenError, checked_id, error_responses
+from core.errors import BatchGenError, StorageUnreachable, checked_id, error_responses
 from core.pagination import list_page
 from core.parsers import JSONParser
 from core.representation import represent
-from files import storage
+from files import backends, storage
 from files.incremental import enclosing_line, read_range, whole_lines_end
+from files.segments import Segment, read_from, starts_a_line, stream_end
+from files.selectors import output_segments
 from files.views import IgnoreClientContentNegotiation
 from serving.model_info import served_model
 
@@ -90,6 +92,9 @@ class BatchOutputView(APIView):
         params = BatchOutputInputSerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
         offset = params.validated_data["offset"]
+        store = backends.current()
+        if not isinstance(store, backends.PathStorage):
+            return _output_on_object_store(store, batch, offset)
         path = storage.absolute(storage.incremental_name(batch.id))
         end = whole_lines_end(path)
         if offset > end:
@@ -107,6 +112,34 @@ class BatchOutputView(APIView):
         response["X-Next-Offset"] = str(end)
         response["X-Batch-Status"] = batch.status
         return response
+
+
+def _output_on_object_store(store, batch, offset: int) -> StreamingHttpResponse:
+    """The counted segments as one stream (files.segments): every segment holds whole
+    lines, so the ends of segments are the places a reader can resume from; after
+    finalization, the composed output file."""
+    if batch.output_file_id is not None:
+        counted = [Segment(batch.output_file.storage_name, batch.output_file.bytes)]
+    else:
+        counted = output_segments(batch_id=batch.id)
+    end = stream_end(counted)
+    if offset > end:
+        raise BatchGenError(f"offset {offset} is past the {end} bytes written so far.",
+                            param="offset")
+    try:
+        at_line_start = offset in (0, end) or starts_a_line(store, counted, offset)
+    except backends.StorageUnavailable as exc:
+        raise StorageUnreachable(f"The file store is unavailable ({exc}); try again "
+                                 "shortly.") from None
+    if not at_line_start:
+        raise BatchGenError(
+            f"offset {offset} is inside a line. Resume from the X-Next-Offset of the "
+            "previous answer.", param="offset", code="offset_not_at_line_start")
+    response = StreamingHttpResponse(read_from(store, counted, offset) if end > offset else [],
+                                     content_type="application/x-ndjson")
+    response["X-Next-Offset"] = str(end)
+    response["X-Batch-Status"] = batch.status
+    return response
 
 
 class BatchLineErrorsView(APIView):

@@ -1,4 +1,5 @@
-"""GET /health: healthy only when the database and the broker answer, every served
+"""GET /health: healthy only when the database, the broker and the object store
+(BATCHGEN_STORAGE_URL, when set) answer, every served
 model has an inference worker alive with its engine ready, and no worker is held up
 by a full storage volume."""
 
@@ -33,6 +34,12 @@ def health_problem() -> str | None:
             conn.ensure_connection(max_retries=1, timeout=2)
     except Exception as exc:
         return f"broker unreachable: {_first_line(exc)}"
+    from files.backends import current as file_store
+
+    try:
+        file_store().probe()
+    except Exception as exc:
+        return f"object store unreachable: {_first_line(exc)}"
     from fleet.selectors import (
         live_workers,
         models_that_cannot_start,

@@ -104,6 +104,17 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
     Setting("--storage-path", "BATCHGEN_STORAGE_PATH", "./storage",
             "uploads, incremental output, the SQLite database, the model and the embedded "
             "broker (relative: to the folder the server starts in; unset: the project's)"),
+    # Object storage (docs/deployment.md): a fleet with no shared file system. The
+    # storage path then holds only each process's own scratch files.
+    Setting("--storage-url", "BATCHGEN_STORAGE_URL", "",
+            "s3://bucket/prefix: uploads and output files on an S3-compatible store "
+            "(AWS credentials chain, AWS_REGION, AWS_ENDPOINT_URL for a non-AWS store); "
+            "empty: on the storage path",
+            shown="none"),
+    Setting("--s3-addressing-style", "BATCHGEN_S3_ADDRESSING_STYLE", "auto",
+            "how S3 requests name the bucket: 'path' for stores without virtual-host "
+            "buckets (MinIO, SeaweedFS, Ceph RGW by IP), 'virtual' or 'auto' (boto's "
+            "choice)", choices=("auto", "path", "virtual")),
     Setting("--model", "BATCHGEN_MODEL", "",
             "local Hugging Face model folder (default: the bundled SmolLM2-135M-Instruct)",
             shown="none"),

@@ -74,6 +74,14 @@ class StorageFull(BatchGenError):
     code = "storage_full"
 
 
+class StorageUnreachable(BatchGenError):
+    """The object store holding a file's bytes does not answer: retry later."""
+
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    error_type = "server_error"
+    code = "storage_unavailable"
+
+
 def is_storage_full(error: BaseException) -> bool:
     """Whether an OSError means the volume (or the user's quota) has no room, or the
     database says its own volume has none: SQLite's SQLITE_FULL (its file lives on the

@@ -29,6 +29,12 @@ logger = logging.getLogger("batchgen.outage")
 
 DATABASE = "database"
 BROKER = "broker"
+OBJECT_STORE = "object store"
+
+
+class ObjectStoreUnavailable(Exception):
+    """The object store (BATCHGEN_STORAGE_URL) did not answer or refused a request:
+    an outage like the database's, said once and waited out (files.backends)."""
 
 _lock = threading.Lock()
 _down: dict[str, float] = {}  # dependency -> time.monotonic() of its first failure
@@ -49,6 +55,8 @@ def dependency_down(error: BaseException) -> str | None:
             return DATABASE if is_connection_lost(error) else None
         if isinstance(error, BrokerError):
             return BROKER
+        if isinstance(error, ObjectStoreUnavailable):
+            return OBJECT_STORE
         if not isinstance(error, DatabaseBusy):
             return None
         error = error.__cause__  # DatabaseBusy: what outlived the retries

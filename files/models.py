@@ -41,3 +41,19 @@ class File(models.Model):
 
     def __str__(self) -> str:
         return f"{self.id} ({self.filename})"
+
+
+class OutputSegment(models.Model):
+    """One counted segment of a batch's incremental output on an object store
+    (files/segments.py): recorded by the worker's flush in the transaction that
+    counts its lines, under the batch row's lock, so the ids of a batch's segments
+    are the order of its stream; `start_offset` is where it starts in that stream."""
+
+    batch_id = models.CharField(max_length=64, db_index=True)
+    chunk_id = models.BigIntegerField(db_index=True)
+    name = models.CharField(max_length=512, unique=True)
+    size = models.BigIntegerField()
+    start_offset = models.BigIntegerField()
+
+    def __str__(self) -> str:
+        return self.name

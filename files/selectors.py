@@ -8,8 +8,9 @@ from django.utils import timezone
 from core.errors import NotFound
 from core.ids import issued_at
 from core.pagination import invalid_cursor
-from files import storage
-from files.models import File
+from files import backends
+from files.models import File, OutputSegment
+from files.segments import Segment
 
 
 def visible_files(owner=None) -> QuerySet[File]:
@@ -54,9 +55,17 @@ def _cursor_has_a_place(after: str, files: QuerySet[File]) -> bool:
 
 def file_bytes_path(*, file_id: str) -> Path | None:
     """Where a file's bytes are, or None when the file is gone: its row deleted, or
-    its bytes removed from the storage path behind the server's back."""
+    its bytes removed from the storage path behind the server's back. On a bucket
+    the bytes are downloaded once into this process's scratch area."""
     storage_name = File.objects.filter(id=file_id).values_list("storage_name", flat=True).first()
     if storage_name is None:
         return None
-    path = storage.absolute(storage_name)
-    return path if path.exists() else None
+    return backends.current().local_path(storage_name)
+
+
+def output_segments(*, batch_id: str, chunk_id: int | None = None) -> list[Segment]:
+    """A batch's counted segments in stream order (or one chunk's): files.segments."""
+    rows = OutputSegment.objects.filter(batch_id=batch_id)
+    if chunk_id is not None:
+        rows = rows.filter(chunk_id=chunk_id)
+    return [Segment(name, size) for name, size in rows.order_by("id").values_list("name", "size")]

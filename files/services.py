@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import logging
-import os
 import re
 import unicodedata
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from core.errors import BatchGenError, Conflict, NotFound
+from core.errors import BatchGenError, Conflict, NotFound, StorageFull, StorageUnreachable
 from core.ids import new_id
-from files import storage
+from core.outage import OBJECT_STORE, outage_began
+from files import backends, storage
 from files.models import File, FilePurpose, FileStatus
 from files.signals import file_in_use
 from files.upload import StreamedUpload
@@ -49,9 +50,11 @@ def file_upload(*, upload: StreamedUpload, purpose: str, owner=None,
         raise BatchGenError("The uploaded file is empty.", param="file", code="empty_file")
     file_id = new_id("file-")
     name = storage.upload_name(file_id)
-    final = storage.absolute(name)
-    os.replace(upload.path, final)
-    storage.fsync_dir(final.parent)
+    store = backends.current()
+    try:
+        store.put_file(name, upload.path)
+    except backends.StorageUnavailable as exc:
+        raise storage_unavailable(exc) from None
     now = timezone.now()
     try:
         return File.objects.create(
@@ -67,8 +70,15 @@ def file_upload(*, upload: StreamedUpload, purpose: str, owner=None,
             owner=owner,
         )
     except Exception:
-        final.unlink(missing_ok=True)
+        store.delete(name)
         raise
+
+
+def storage_unavailable(error: BaseException) -> StorageFull:
+    """The object store refused or did not answer: the client may retry later (507,
+    as when the storage path is full), and the outage is said once (core.outage)."""
+    outage_began(OBJECT_STORE, error)
+    return StorageFull(f"The file store is unavailable ({error}); try again shortly.")
 
 
 def _expiry(created_at, expires_after_seconds: int | None = None):
@@ -87,11 +97,15 @@ def file_register_output(*, batch_id: str, owner=None, size: int | None = None,
     A caller that read the file already passes its size and sha256; the batch's
     `output_expires_after` counts from now, when the file is registered."""
     name = storage.incremental_name(batch_id)
-    path = storage.absolute(name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch(exist_ok=True)
-    if size is None or digest is None:
-        size, digest = storage.sha256_of(path)
+    if isinstance(backends.current(), backends.PathStorage):
+        path = storage.absolute(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(exist_ok=True)
+        if size is None or digest is None:
+            size, digest = storage.sha256_of(path)
+    elif size is None or digest is None:  # composed by batches' finalization
+        with backends.current().open(name) as stream:
+            size, digest = backends.sha256_of_stream(stream)
     now = timezone.now()
     return File.objects.create(
         id=new_id("file-"),
@@ -105,6 +119,19 @@ def file_register_output(*, batch_id: str, owner=None, size: int | None = None,
         expires_at=_expiry(now, expires_after_seconds),
         owner=owner,
     )
+
+
+def file_open(*, file: File):
+    """A readable stream of the file's bytes, wherever they are kept."""
+    try:
+        return backends.current().open(file.storage_name)
+    except FileNotFoundError:
+        raise NotFound(f"The bytes of file {file.id} are gone from storage.",
+                       param="file_id") from None
+    except backends.StorageUnavailable as exc:
+        outage_began(OBJECT_STORE, exc)
+        raise StorageUnreachable(f"The file store is unavailable ({exc}); try again "
+                                 "shortly.") from None
 
 
 def file_lock(*, file_id: str) -> File | None:
@@ -121,7 +148,7 @@ def file_lock(*, file_id: str) -> File | None:
 def file_delete(*, file: File) -> None:
     """Delete a file and its bytes; refused while an active batch reads or writes it.
     A file deleted by a concurrent call is a 404, as if it had never been there."""
-    path = storage.absolute(file.storage_name)
+    name = file.storage_name
     with transaction.atomic():
         if file_lock(file_id=file.id) is None:
             raise NotFound(f"No such file: {file.id}", param="file_id")
@@ -131,8 +158,19 @@ def file_delete(*, file: File) -> None:
                 param="file_id", code="file_in_use",
             )
         file.delete()
-        transaction.on_commit(lambda: path.unlink(missing_ok=True))
+        transaction.on_commit(lambda: _delete_bytes(name))
     logger.info("file deleted file_id=%s", file.id)
+
+
+def _delete_bytes(name: str) -> None:
+    """After the row is gone: an object store that is down leaves an orphan object,
+    which `manage.py storage_sweep`-style cleanup may find later; the user's delete
+    has succeeded either way."""
+    try:
+        backends.current().delete(name)
+    except backends.StorageUnavailable as exc:
+        outage_began(OBJECT_STORE, exc)
+        logger.warning("file bytes not deleted name=%s: %s", name, exc)
 
 
 def files_purge(*, older_than: timedelta | None = None) -> int:
@@ -156,3 +194,36 @@ def files_purge(*, older_than: timedelta | None = None) -> int:
             if partial.stat().st_mtime < cutoff:
                 partial.unlink(missing_ok=True)
     return deleted
+
+
+@dataclass
+class MoveReport:
+    moved: int = 0
+    moved_bytes: int = 0
+    already_there: int = 0
+    missing: list[str] = field(default_factory=list)  # file ids whose bytes are gone
+
+
+def files_move_to_store(*, url: str, dry_run: bool = False) -> MoveReport:
+    """Move every file's bytes from the storage path to the store `url` names
+    (`s3://bucket/prefix`), under the same storage names, so the File rows stay as
+    they are. Each file is uploaded (multipart, streamed) before its local copy is
+    removed, so an interrupted move loses nothing: run it again and it goes on. Run
+    it with the server stopped, then start the server with BATCHGEN_STORAGE_URL=url."""
+    source = backends.PathStorage(settings.STORAGE_PATH)
+    target = backends.backend_for(url)
+    report = MoveReport()
+    for file_id, name, size in File.objects.order_by("id").values_list(
+            "id", "storage_name", "bytes").iterator():
+        local = source.local_path(name)
+        if local is None:
+            if target.exists(name):
+                report.already_there += 1
+            else:
+                report.missing.append(file_id)
+            continue
+        if not dry_run:
+            target.put_file(name, local)
+        report.moved += 1
+        report.moved_bytes += size
+    return report

@@ -29,6 +29,18 @@ def order_name(batch_id: str) -> str:
     return f"chunks/{batch_id}.order"
 
 
+def input_path(storage_name: str) -> Path:
+    """Where a worker reads an input file: the storage path itself, or on a bucket
+    this host's own copy, downloaded once (files.backends). A file gone from either
+    is the storage path's name, which the reader then finds missing."""
+    from files import backends
+
+    store = backends.current()
+    if isinstance(store, backends.PathStorage):
+        return absolute(storage_name)
+    return store.local_path(storage_name) or absolute(storage_name)
+
+
 def ensure_dirs() -> None:
     for path in (settings.UPLOADS_DIR, settings.INCREMENTAL_DIR, settings.RUN_DIR):
         path.mkdir(parents=True, exist_ok=True)

@@ -10,10 +10,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.auth import request_owner
-from core.errors import NotFound, checked_id, error_responses
+from core.errors import checked_id, error_responses
 from core.pagination import list_page
 from core.representation import represent
-from files import selectors, services, storage
+from files import selectors, services
 from files.serializers import (
     FileDeletedSerializer,
     FileListInputSerializer,
@@ -112,11 +112,10 @@ class FileContentView(APIView):
         **error_responses(401, 404)}, operation_id="files_content")
     def get(self, request, file_id: str):
         file = selectors.file_get(file_id=_file_id(file_id), owner=request_owner(request))
-        try:
-            handle = storage.absolute(file.storage_name).open("rb")
-        except FileNotFoundError:
-            raise NotFound(f"The bytes of file {file_id} are gone from storage.",
-                           param="file_id") from None
+        handle = services.file_open(file=file)
         # FileResponse streams in blocks: memory stays flat for any size.
-        return FileResponse(handle, as_attachment=True, filename=file.filename,
-                            content_type="application/jsonl")
+        response = FileResponse(handle, as_attachment=True, filename=file.filename,
+                                content_type="application/jsonl")
+        if not response.has_header("Content-Length"):  # an object store's body
+            response["Content-Length"] = str(file.bytes)
+        return response

@@ -12,7 +12,21 @@ from django.conf import settings
 
 from batches.chunks import ChunkWork, Counts, reconcile_counts
 from batches.input_file import read_chunk
+from files import backends
 from files.incremental import scan_results
+from files.segments import Segment, scan_segments
+
+
+def _counted(work: ChunkWork) -> list[Segment]:
+    from django.db import close_old_connections
+
+    from files.selectors import output_segments
+
+    close_old_connections()
+    try:
+        return output_segments(batch_id=work.batch_id, chunk_id=work.chunk_id)
+    finally:
+        close_old_connections()
 
 
 @dataclass(frozen=True)
@@ -32,7 +46,13 @@ class ChunkInput:
         output = Path(work.output_path)
         if work.attempts <= 1:
             return ChunkRequests(requests, output)
-        # A redelivery: skip what an earlier attempt already wrote.
-        written = scan_results(output, {r["custom_id"] for r in requests})
+        # A redelivery: skip what an earlier attempt already wrote (and counted, on an
+        # object store, where an uncounted segment is not part of the output).
+        custom_ids = {r["custom_id"] for r in requests}
+        store = backends.current()
+        if isinstance(store, backends.PathStorage):
+            written = scan_results(output, custom_ids)
+        else:
+            written = scan_segments(store, _counted(work), custom_ids)
         return ChunkRequests([r for r in requests if r["custom_id"] not in written], output,
                              reconcile_counts(work, written))

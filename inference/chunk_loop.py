@@ -21,6 +21,7 @@ from batches.chunks import ChunkWork
 from batches.usage import Usage
 from core.celery import inference_queue
 from core.outage import noted_outage
+from files.segments import segment_name
 from inference.chunk_input import ChunkInput
 from inference.database import WorkerDatabase
 from inference.engine_host import EngineHost
@@ -57,6 +58,7 @@ class ChunkRun:
     completed: int = 0
     failed: int = 0
     interrupted: bool = False  # requests in flight cancelled for a model swap
+    segments: int = 0  # segment objects written (an object store's incremental output)
 
 
 class ChunkRunner:
@@ -221,8 +223,13 @@ class ChunkRunner:
 
     def _record(self, run: ChunkRun, finished: list[tuple[str, EngineResult]]) -> None:
         work = run.work
-        if finished and self.storage.write(work.batch_id, work.index, run.output,
-                                           [format_line(*item) for item in finished]):
+        lines = [format_line(*item) for item in finished]
+        segment = None
+        if finished and self.storage.on_object_store:
+            segment = segment_name(work.batch_id, work.index, work.attempts, run.segments)
+            run.segments += 1
+        if finished and self.storage.write(work.batch_id, work.index, run.output, lines,
+                                           segment=segment):
             completed = sum(1 for _, result in finished if result.error is None)
             failed = len(finished) - completed
             run.completed += completed
@@ -230,7 +237,8 @@ class ChunkRunner:
             usage = Usage()
             for _, result in finished:
                 usage.add_body(result.body)
-            self.ledger.add(work.chunk_id, completed, failed, usage)
+            self.ledger.add(work.chunk_id, completed, failed, usage,
+                            segment=(segment, sum(map(len, lines))) if segment else None)
             for _, result in finished:
                 self.state.count(result)
 

@@ -44,6 +44,8 @@ class ChunkLedger:
         self._closing: dict[int, Counts] = {}
         self._releasing: dict[int, Counts] = {}
         self._usage: dict[int, Usage] = {}
+        # chunk -> segments (name, size) written on an object store since the last flush
+        self._segments: dict[int, list[tuple[str, int]]] = {}
         self._waiting: dict[int, Future] = {}
         self._lost: set[int] = set()
         self.urgent = threading.Event()  # a thread waits on the next flush
@@ -59,12 +61,14 @@ class ChunkLedger:
             self._empty.clear()
 
     def add(self, chunk_id: int, completed: int, failed: int,
-            usage: Usage | None = None) -> None:
+            usage: Usage | None = None, segment: tuple[str, int] | None = None) -> None:
         if completed or failed:
             with self._lock:
                 _add(self._progress, chunk_id, completed, failed)
                 if usage:
                     _add_usage(self._usage, chunk_id, usage)
+                if segment:
+                    self._segments.setdefault(chunk_id, []).append(segment)
 
     def drop(self, chunk_id: int) -> None:
         """The chunk's thread failed: stop renewing its lease (what it wrote is still
@@ -119,19 +123,22 @@ class ChunkLedger:
         with self._lock:
             self.urgent.clear()
             progress, closing, releasing = self._progress, self._closing, self._releasing
-            usage = self._usage
+            usage, segments = self._usage, self._segments
             self._progress, self._closing, self._releasing = {}, {}, {}
-            self._usage = {}
+            self._usage, self._segments = {}, {}
             held = set(self._held)
         if not (progress or closing or releasing or held):
             return None
         try:
+            extra = {"segments": segments} if segments else {}
             result = self._flush(progress=progress, closing=closing, releasing=releasing,
-                                 holding=held, usage=usage)
+                                 holding=held, usage=usage, **extra)
         except BaseException:
             with self._lock:
                 for chunk_id, tokens in usage.items():
                     _add_usage(self._usage, chunk_id, tokens)
+                for chunk_id, written in segments.items():
+                    self._segments[chunk_id] = written + self._segments.get(chunk_id, [])
                 for gathered, pending in ((progress, self._progress),
                                           (closing, self._closing),
                                           (releasing, self._releasing)):

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from core.errors import is_storage_full
+from core.outage import OBJECT_STORE, ObjectStoreUnavailable, outage_began
+from files import backends
 from files.incremental import append_lines, probe_room
 from inference.database import WorkerDatabase
 from inference.ledger import ChunkLedger
@@ -53,22 +55,34 @@ class StoragePause:
     def error(self, value: str) -> None:
         self.state.storage_error = value
 
-    def write(self, batch_id: str, index: int, output: Path, lines: list[bytes]) -> bool:
+    @property
+    def on_object_store(self) -> bool:
+        return not isinstance(backends.current(), backends.PathStorage)
+
+    def write(self, batch_id: str, index: int, output: Path, lines: list[bytes],
+              segment: str | None = None) -> bool:
         """Append finished results. While the storage volume is full, hold them (the
         heartbeat keeps the chunk's lease) and retry with backoff until there is room,
         so no inference is lost to a full disk. They are given up only when the batch
         or this worker stops: then they are not counted, and are not in the file, so
-        whichever attempt runs the chunk next runs them again. Returns whether written."""
+        whichever attempt runs the chunk next runs them again. Returns whether written.
+
+        On an object store the lines go up as the immutable object `segment`
+        (files/segments.py), which counts once the ledger's flush records it; a store
+        that does not answer pauses the worker as a full volume does."""
         delay = STORAGE_RETRY_FIRST
         waiting = written = False
         try:
             while True:
                 try:
-                    append_lines(output, lines)
+                    if segment is None:
+                        append_lines(output, lines)
+                    else:
+                        backends.current().put_bytes(segment, b"".join(lines))
                     written = True
                     return True
-                except OSError as exc:
-                    if not is_storage_full(exc):
+                except (OSError, ObjectStoreUnavailable) as exc:
+                    if not (isinstance(exc, ObjectStoreUnavailable) or is_storage_full(exc)):
                         raise
                     if not waiting:
                         waiting = True
@@ -89,13 +103,18 @@ class StoragePause:
                 self._room(batch_id, written=written, batch_resumed=written or
                            batch_id in self.ledger.stop_batches)
 
-    def _full(self, batch_id: str, output: Path, error: OSError) -> None:
+    def _full(self, batch_id: str, output: Path, error: Exception) -> None:
+        unreachable = isinstance(error, ObjectStoreUnavailable)
         with self._lock:
             self._waiting += 1
             first = not self.error
-            self.error = f"{error.strerror} writing results to {output.parent}"
-            self._dir = output.parent
-        if first:
+            self.error = (f"object store unreachable writing results ({error})" if unreachable
+                          else f"{error.strerror} writing results to {output.parent}")
+            self._dir = None if unreachable else output.parent
+        if first and unreachable:
+            outage_began(OBJECT_STORE, error)  # one WARNING: an outage, not a fault
+            self.state.switch_queue()
+        elif first:
             logger.error("storage full: cannot append results to %s (%s); this worker "
                          "pauses: chunks hold their results and retry, no new chunk is "
                          "taken and those not started are handed back, until space is "
@@ -123,14 +142,21 @@ class StoragePause:
         (they gave their results up), resume."""
         with self._lock:
             directory = self._dir if self.error else None
-        if directory is None:
+            store_down = bool(self.error) and directory is None
+        if store_down:
+            try:
+                backends.current().probe()
+            except ObjectStoreUnavailable:
+                return
+        elif directory is None:
             return
-        try:
-            probe_room(directory)
-        except OSError as exc:
-            if not is_storage_full(exc):
-                logger.warning("cannot probe %s for room: %s", directory, exc)
-            return
+        else:
+            try:
+                probe_room(directory)
+            except OSError as exc:
+                if not is_storage_full(exc):
+                    logger.warning("cannot probe %s for room: %s", directory, exc)
+                return
         with self._lock:
             resumed = bool(self.error) and not self._waiting
             if resumed:

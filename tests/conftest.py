@@ -7,6 +7,8 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile  # noqa: F401
 from rest_framework.test import APIClient
 
+from tests.s3 import s3_server, s3_storage  # noqa: F401 - the S3 server fixtures
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):

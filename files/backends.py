@@ -1,0 +1,289 @@
+"""Where file bytes are kept: the storage path (the embedded default, the seed's
+layout) or an S3-compatible bucket (`BATCHGEN_STORAGE_URL=s3://bucket/prefix`).
+
+Both backends speak in storage names (`uploads/{file_id}.jsonl`,
+`incremental/{batch_id}.jsonl`): the File row keeps the name, never a path or a URL,
+so a deployment can move from a path to a bucket (`manage.py storage_move`) without
+touching its rows. Every call streams in bounded blocks: an upload goes up as a
+multipart upload of `S3_PART_BYTES` parts read from the local partial file, a
+download is read from the response body block by block, so a 1 GiB file never sits in
+a process's memory.
+
+On a bucket the storage path is only a local scratch area of the process (partial
+uploads, the copy of an input a worker reads, the incremental file of a batch): no
+two hosts need to share it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import uuid
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+from typing import BinaryIO, Protocol
+from urllib.parse import urlparse
+
+from django.conf import settings
+
+from core.outage import OBJECT_STORE, ObjectStoreUnavailable, is_down, outage_ended
+
+logger = logging.getLogger("batchgen.files")
+
+READ_BLOCK = 1024 * 1024
+# S3's smallest part is 5 MiB (but the last); 8 MiB parts put a 1 GiB upload in 128
+# parts, far below the 10,000 a multipart upload may have, and two in flight keep a
+# process's memory for an upload near 16 MiB whatever the file's size.
+S3_PART_BYTES = 8 * 1024 * 1024
+S3_CONCURRENCY = 2
+
+
+StorageUnavailable = ObjectStoreUnavailable  # the object store's outage, not a bug
+
+
+class StorageBackend(Protocol):
+    """What the rest of the server asks of the place the bytes live."""
+
+    url: str
+
+    def put_file(self, name: str, source: Path) -> None:
+        """Store the finished local file `source` under `name` and remove `source`."""
+
+    def open(self, name: str) -> BinaryIO:
+        """A readable binary stream of the bytes; FileNotFoundError when missing."""
+
+    def delete(self, name: str) -> None:
+        """Remove the bytes (no-op when already gone): nothing stays behind."""
+
+    def exists(self, name: str) -> bool: ...
+
+    def local_path(self, name: str) -> Path | None:
+        """A local file with the bytes (a download into the process's own scratch
+        area on a bucket), or None when they are gone."""
+
+    def names(self, prefix: str) -> Iterator[str]:
+        """Every stored name under `prefix` (`uploads/`)."""
+
+    def probe(self) -> None:
+        """Raise StorageUnavailable unless the store answers now (/health)."""
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class PathStorage:
+    """The bytes under the storage path: `{storage}/{name}` (the seed's layout)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.url = str(root)
+
+    def _path(self, name: str) -> Path:
+        return self.root / name
+
+    def put_file(self, name: str, source: Path) -> None:
+        final = self._path(name)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(source, final)
+        fsync_dir(final.parent)
+
+    def open(self, name: str) -> BinaryIO:
+        return self._path(name).open("rb")
+
+    def delete(self, name: str) -> None:
+        self._path(name).unlink(missing_ok=True)
+
+    def exists(self, name: str) -> bool:
+        return self._path(name).exists()
+
+    def local_path(self, name: str) -> Path | None:
+        path = self._path(name)
+        return path if path.exists() else None
+
+    def probe(self) -> None:
+        """The storage path is a local or mounted folder: a full one is the workers'
+        storage error, said by /health from their rows."""
+
+    def names(self, prefix: str) -> Iterator[str]:
+        base = self._path(prefix)
+        if not base.is_dir():
+            return
+        for path in sorted(base.rglob("*")):
+            if path.is_file() and not path.name.startswith("."):
+                yield str(path.relative_to(self.root))
+
+
+class _BodyReader:
+    """An S3 response body as a file object FileResponse can stream (read, close)."""
+
+    def __init__(self, body) -> None:
+        self._body = body
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self._body.read(None if size is None or size < 0 else size)
+        except Exception as exc:  # noqa: BLE001 - a dropped connection mid-stream
+            raise StorageUnavailable(f"reading from the object store failed: {exc}") from exc
+
+    def __iter__(self) -> Iterator[bytes]:
+        while block := self.read(READ_BLOCK):
+            yield block
+
+    def close(self) -> None:
+        self._body.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class S3Storage:
+    """The bytes in a bucket under `{prefix}/{name}`, through boto3 with the usual
+    AWS settings: the credentials chain (variables, profile, instance role),
+    AWS_REGION / AWS_DEFAULT_REGION, AWS_ENDPOINT_URL for a non-AWS store, and
+    `BATCHGEN_S3_ADDRESSING_STYLE=path` for stores that want path-style requests."""
+
+    def __init__(self, url: str, *, scratch: Path, addressing_style: str = "auto") -> None:
+        parsed = urlparse(url)
+        if parsed.scheme != "s3" or not parsed.netloc:
+            raise ValueError(f"not an s3://bucket/prefix URL: {url!r}")
+        self.url = url
+        self.bucket = parsed.netloc
+        self.prefix = parsed.path.strip("/")
+        self.scratch = scratch
+        self._addressing_style = addressing_style
+
+    @property
+    def client(self):
+        return _client(self._addressing_style)
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def _call(self, what: str, call, *args, **kwargs):
+        from boto3.exceptions import Boto3Error
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            result = call(*args, **kwargs)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code in ("NoSuchKey", "404", "NotFound"):
+                raise FileNotFoundError(what) from None
+            raise StorageUnavailable(f"{what}: {code or exc}") from exc
+        except (BotoCoreError, Boto3Error) as exc:
+            raise StorageUnavailable(f"{what}: {exc}") from exc
+        if is_down(OBJECT_STORE):
+            outage_ended(OBJECT_STORE)
+        return result
+
+    def put_file(self, name: str, source: Path) -> None:
+        from boto3.s3.transfer import TransferConfig
+
+        config = TransferConfig(multipart_threshold=S3_PART_BYTES,
+                                multipart_chunksize=S3_PART_BYTES,
+                                max_concurrency=S3_CONCURRENCY, use_threads=True)
+        self._call(f"upload of {name}", self.client.upload_file, str(source), self.bucket,
+                   self.key(name), Config=config)
+        source.unlink(missing_ok=True)
+
+    def put_bytes(self, name: str, data: bytes) -> None:
+        """One small immutable object (a segment of the incremental output)."""
+        self._call(f"upload of {name}", self.client.put_object, Bucket=self.bucket,
+                   Key=self.key(name), Body=data)
+
+    def open(self, name: str) -> BinaryIO:
+        response = self._call(name, self.client.get_object, Bucket=self.bucket,
+                              Key=self.key(name))
+        return _BodyReader(response["Body"])  # type: ignore[return-value]
+
+    def delete(self, name: str) -> None:
+        self._call(f"delete of {name}", self.client.delete_object, Bucket=self.bucket,
+                   Key=self.key(name))
+        (self.scratch / name).unlink(missing_ok=True)  # the local copy, if any
+
+    def exists(self, name: str) -> bool:
+        try:
+            self._call(name, self.client.head_object, Bucket=self.bucket, Key=self.key(name))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def probe(self) -> None:
+        """One quick request, no retries: a load balancer's probe must not hang."""
+        self._call("probe", _client(self._addressing_style, probe=True).head_bucket,
+                   Bucket=self.bucket)
+
+    def local_path(self, name: str) -> Path | None:
+        """Download once into the scratch area (a rename makes it appear whole), then
+        reuse: stored objects never change under a name."""
+        local = self.scratch / name
+        if local.exists():
+            return local
+        local.parent.mkdir(parents=True, exist_ok=True)
+        partial = local.with_name(f".download-{uuid.uuid4().hex}")
+        try:
+            self._call(f"download of {name}", self.client.download_file, self.bucket,
+                       self.key(name), str(partial))
+        except FileNotFoundError:
+            partial.unlink(missing_ok=True)
+            return None
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        os.replace(partial, local)
+        return local
+
+    def names(self, prefix: str) -> Iterator[str]:
+        paginator = self.client.get_paginator("list_objects_v2")
+        strip = len(self.key(""))
+        pages = paginator.paginate(Bucket=self.bucket, Prefix=self.key(prefix))
+        for page in self._call(f"list of {prefix}", list, pages):
+            for item in page.get("Contents", ()):
+                yield item["Key"][strip:]
+
+
+@lru_cache(maxsize=4)
+def _client(addressing_style: str, probe: bool = False):
+    """One client per process (boto3 clients are thread-safe; building one costs
+    tens of milliseconds). Retries are botocore's standard mode: a store that blinks
+    is retried a few times before its outage is said."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.session.Session().client("s3", config=Config(
+        s3={"addressing_style": addressing_style},
+        retries={"mode": "standard", "max_attempts": 1 if probe else 3},
+        connect_timeout=2 if probe else 5, read_timeout=5 if probe else 30,
+    ))
+
+
+def backend_for(url: str) -> StorageBackend:
+    """The backend `url` names: `s3://bucket/prefix`, or empty for the storage path."""
+    if url:
+        return S3Storage(url, scratch=settings.STORAGE_PATH,
+                         addressing_style=settings.BATCHGEN_S3_ADDRESSING_STYLE)
+    return PathStorage(settings.STORAGE_PATH)
+
+
+def current() -> StorageBackend:
+    """The backend of this process's settings (read each call: tests override them)."""
+    return backend_for(settings.BATCHGEN_STORAGE_URL)
+
+
+def sha256_of_stream(stream: BinaryIO) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    while block := stream.read(READ_BLOCK):
+        digest.update(block)
+        size += len(block)
+    return size, digest.hexdigest()

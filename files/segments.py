@@ -1,0 +1,176 @@
+"""The incremental output on an object store, which has no append and no locks:
+immutable segment objects, read as one ordered byte stream, composed into the output
+file at finalization (docs/architecture.md, "Incremental output on object storage").
+
+A worker that flushes a chunk's finished lines writes them as one new object,
+`incremental/{batch_id}/{chunk:06d}-{attempt:04d}-{seq:06d}.jsonl`, named so that no
+two writers (two attempts of one chunk after a lost lease included) can ever write the
+same name; an object is never rewritten. Whole lines only: a segment is either all
+there or not there (a PUT is atomic), so a reader never sees a torn line.
+
+Which segments count is the database's to say: the ledger (the worker's flush) records
+a segment in the same transaction that counts its lines, and only while the worker
+still holds the chunk's lease; a segment a dead or superseded attempt wrote but never
+recorded is not part of the stream, and is deleted at finalization. The counted
+segments in the order they were recorded are the stream: `Segment(name, size)` rows
+with their running start offsets, which is all a reader needs.
+
+Here: the object-store side of that (naming, the ordered reader, the composition).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from files.backends import READ_BLOCK, S3_PART_BYTES, S3Storage
+
+# S3's rule for a multipart upload: every part but the last is at least 5 MiB.
+MIN_PART_BYTES = 5 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Segment:
+    name: str  # storage name (the backend adds the prefix)
+    size: int
+
+
+def segment_name(batch_id: str, chunk_index: int, attempt: int, seq: int) -> str:
+    """Unique per writer: the attempt number comes from the chunk's claim (the database
+    increments it), so a re-run after a lost lease never reuses an earlier name."""
+    return f"incremental/{batch_id}/{chunk_index:06d}-{attempt:04d}-{seq:06d}.jsonl"
+
+
+def stream_end(segments: Sequence[Segment]) -> int:
+    """The stream's length: where a reader that read everything goes on from
+    (`X-Next-Offset`)."""
+    return sum(segment.size for segment in segments)
+
+
+def read_from(store: S3Storage, segments: Sequence[Segment], offset: int,
+              block: int = READ_BLOCK) -> Iterator[bytes]:
+    """The counted segments as one byte stream from `offset`, in bounded blocks: the
+    segment holding `offset` from there on (a ranged GET), then every later one whole."""
+    start = 0
+    for segment in segments:
+        end = start + segment.size
+        if end > offset and segment.size:
+            skip = max(0, offset - start)
+            kwargs = {"Range": f"bytes={skip}-"} if skip else {}
+            response = store._call(segment.name, store.client.get_object,
+                                   Bucket=store.bucket, Key=store.key(segment.name), **kwargs)
+            body = response["Body"]
+            try:
+                while data := body.read(block):
+                    yield data
+            finally:
+                body.close()
+        start = end
+
+
+def starts_a_line(store: S3Storage, segments: Sequence[Segment], offset: int) -> bool:
+    """Whether `offset` is where a line starts: a segment's start, or just after a
+    newline (one byte read with a ranged GET)."""
+    start = 0
+    for segment in segments:
+        if offset == start:
+            return True
+        if offset < start + segment.size:
+            response = store._call(segment.name, store.client.get_object, Bucket=store.bucket,
+                                   Key=store.key(segment.name),
+                                   Range=f"bytes={offset - start - 1}-{offset - start - 1}")
+            return response["Body"].read() == b"\n"
+        start += segment.size
+    return offset == start
+
+
+@dataclass(frozen=True)
+class Composed:
+    name: str
+    size: int
+    copied_parts: int  # parts the store copied server-side (bytes never left it)
+    uploaded_parts: int  # parts made of small segments, read and sent again
+
+
+def compose(store: S3Storage, segments: Sequence[Segment], name: str) -> Composed:
+    """Write the segments, in order, as one object `name`.
+
+    A segment of at least 5 MiB becomes a part of a multipart upload copied by the
+    store itself (UploadPartCopy: its bytes never come back to this process); runs of
+    smaller segments are read and sent as parts of S3_PART_BYTES, since S3 refuses a
+    part under 5 MiB except the last. Memory stays within one part. With nothing to
+    compose, the object is empty."""
+    client, bucket = store.client, store.bucket
+    key = store.key(name)
+    if not any(segment.size for segment in segments):
+        store._call(name, client.put_object, Bucket=bucket, Key=key, Body=b"")
+        return Composed(name, 0, 0, 0)
+    upload = store._call(name, client.create_multipart_upload, Bucket=bucket, Key=key)
+    upload_id = upload["UploadId"]
+    parts: list[dict] = []
+    copied = uploaded = 0
+    buffer = bytearray()
+
+    def send_buffer() -> None:
+        nonlocal uploaded
+        response = store._call(name, client.upload_part, Bucket=bucket, Key=key,
+                               UploadId=upload_id, PartNumber=len(parts) + 1,
+                               Body=bytes(buffer))
+        parts.append({"PartNumber": len(parts) + 1, "ETag": response["ETag"]})
+        buffer.clear()
+        uploaded += 1
+
+    try:
+        for segment in segments:
+            if segment.size >= MIN_PART_BYTES and (not buffer or len(buffer) >= MIN_PART_BYTES):
+                if buffer:
+                    send_buffer()
+                response = store._call(
+                    name, client.upload_part_copy, Bucket=bucket, Key=key, UploadId=upload_id,
+                    PartNumber=len(parts) + 1,
+                    CopySource={"Bucket": bucket, "Key": store.key(segment.name)})
+                parts.append({"PartNumber": len(parts) + 1,
+                              "ETag": response["CopyPartResult"]["ETag"]})
+                copied += 1
+                continue
+            for data in read_from(store, [segment], 0):
+                buffer += data
+                if len(buffer) >= S3_PART_BYTES:
+                    send_buffer()
+        if buffer:
+            send_buffer()  # the last part may be small
+        store._call(name, client.complete_multipart_upload, Bucket=bucket, Key=key,
+                    UploadId=upload_id, MultipartUpload={"Parts": parts})
+    except BaseException:
+        client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+        raise
+    return Composed(name, stream_end(segments), copied, uploaded)
+
+
+def orphans(store: S3Storage, batch_id: str, counted: Iterable[Segment]) -> list[str]:
+    """Segment objects of the batch that no ledger row counts: written by an attempt
+    that died or lost its lease before its flush recorded them. Deleted at
+    finalization; never part of the stream."""
+    keep = {segment.name for segment in counted}
+    return [name for name in store.names(f"incremental/{batch_id}/") if name not in keep]
+
+
+def scan_segments(store: S3Storage, counted: Sequence[Segment],
+                  custom_ids: set[str]) -> dict[str, bool]:
+    """As files.incremental.scan_results, over a chunk's counted segments: which of
+    `custom_ids` have a line there, and whether it is a success."""
+    import orjson
+
+    found: dict[str, bool] = {}
+    tail = b""
+    for block in read_from(store, counted, 0):
+        lines = (tail + block).split(b"\n")
+        tail = lines.pop()
+        for raw in lines:
+            try:
+                item = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                continue
+            if item.get("custom_id") in custom_ids:
+                found[item["custom_id"]] = item.get("error") is None
+    return found
