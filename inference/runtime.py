@@ -355,6 +355,7 @@ class InferenceRuntime:
             ready=self.ready.is_set() and self.failed is None and not self.draining.is_set(),
             completed=self.completed, failed=self.failed_requests, tokens=self.tokens,
             storage_error=self.storage_error, held_chunks=self.held_chunk_ids(),
+            admission=None if self.engine is None else self.engine.admission,
         )
 
     def held_chunk_ids(self) -> list[int]:

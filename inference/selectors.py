@@ -136,7 +136,16 @@ def pool_status() -> dict:
         "scheduling_pool_token_budget": slots["budget"],
         # Why results cannot be written now (the storage volume full), or null.
         "storage_error": slots["storage_error"] or None,
+        "adaptive_concurrency": adaptive_concurrency(),
     }
+
+
+def adaptive_concurrency() -> list[dict]:
+    """The live workers whose engine bounds its own requests at a shared server
+    (inference/adaptive.py): each one's limit and the signals it read last."""
+    return [{"worker": name, "model": model, **admission}
+            for name, model, admission in live_workers().filter(admission__isnull=False)
+            .order_by("name").values_list("name", "model", "admission")]
 
 
 def residency_figures() -> dict:
