@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import statistics
 import sys
@@ -92,7 +93,7 @@ async def interactive_request(client: httpx.AsyncClient, url: str, number: int) 
                 stamps.append(time.perf_counter())
     if not stamps:
         return {"error": "no tokens"}
-    return {"ttft": stamps[0] - began, "gaps": [b - a for a, b in zip(stamps, stamps[1:])]}
+    return {"ttft": stamps[0] - began, "gaps": [b - a for a, b in itertools.pairwise(stamps)]}
 
 
 async def interactive(url: str, pattern: str, window: float) -> list[dict]:
@@ -283,7 +284,8 @@ def report(results: dict[str, dict], args) -> None:
         base = results["interactive_alone"][pattern]["ttft_p99_ms"]
         for key, label in labels.items():
             figures = results[f"interactive_{key}"][pattern]
-            ratio = round(figures["ttft_p99_ms"] / base, 2) if base and figures["ttft_p99_ms"] else None
+            p99 = figures["ttft_p99_ms"]
+            ratio = round(p99 / base, 2) if base and p99 else None
             figures["ttft_p99_vs_alone"] = ratio
             limits = figures.get("adaptive") or {}
             rows.append([pattern, label, figures["ttft_p50_ms"], figures["ttft_p99_ms"], ratio,

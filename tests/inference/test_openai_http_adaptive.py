@@ -62,8 +62,7 @@ async def test_without_server_metrics_the_batch_keeps_to_the_limit_and_reads_its
     assert engine.admission["mode"] == "blind"
 
 
-async def test_other_traffic_at_the_server_cuts_the_batch_to_the_floor_and_stopped_requests_run_again(
-        stub):
+async def test_other_traffic_cuts_the_batch_to_the_floor_and_stopped_requests_run_again(stub):
     # Given: a server with vLLM's /metrics and no other client; eight slow requests
     # (the first answers take 3 s; those sent again take none).
     stub.others = 0
