@@ -58,7 +58,7 @@ from dataclasses import dataclass
 # third of the time, and a limit that rose between two requests would meet the next
 # one with the full batch running.
 HOLD_SECONDS = 5.0
-GROWTH = 1.5  # alone: the limit's growth a sample (256 from 1 in 14 samples, 7 s)
+GROWTH = 1.5  # alone: the limit's growth a sample (256 from 1 in 14 samples, 3.5 s)
 BACKOFF = 0.7  # shared: the cut when the latency or the server's queue says too many
 # The unloaded latency is forgotten this fast (a sample's factor): a server that got
 # slower for good (a longer context in use, another model) is a new normal within
