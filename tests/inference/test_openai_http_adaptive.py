@@ -96,6 +96,20 @@ async def test_other_traffic_cuts_the_batch_to_the_floor_and_stopped_requests_ru
     assert engine.admission["source"] == "metrics"
 
 
+async def test_with_adaptive_concurrency_off_every_request_goes_at_once(stub):
+    stub.answer(*[Answer(delay=0.3) for _ in range(6)])
+    engine = await started(engine_for(stub, adaptive=False))
+    try:
+        results = await asyncio.gather(*(engine.generate(chat(f"b-0-0-{i}"))
+                                         for i in range(6)))
+    finally:
+        await engine.shutdown()
+
+    assert stub.peak_in_flight == 6
+    assert [r.error for r in results] == [None] * 6
+    assert engine.admission is None
+
+
 async def test_a_cancelled_request_waiting_at_the_gate_leaves_it():
     gate = AdmissionGate(1)
     await gate.enter("a")
