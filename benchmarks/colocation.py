@@ -12,11 +12,14 @@ Scenarios run one after the other in the same run:
   default priority 0) straight to vllm serve, at a steady rate (one a second) and in
   bursts (BURST requests at once every BURST_EVERY seconds); time to first token and
   the gaps between tokens are measured on the stream;
-- a batch (a chat request per line, max_tokens 64, BATCHGEN's priority 100) is
-  submitted to one BatchGen and given WARMUP seconds before the interactive client
-  starts; its requests/s are its completed lines over the interactive windows; it is
-  then cancelled, and the next scenario waits for vllm serve to run nothing;
-- the batch alone: the same batch with no interactive client, for its idle throughput.
+- a batch (a chat request per line, max_tokens 64, BatchGen's priority 100) is
+  submitted to one BatchGen JOIN seconds into the steady window (production traffic
+  is there first; the batch joins it), and the bursts window follows with the batch
+  running (each burst arrives after a quiet spell, the batch at full speed); its
+  requests/s are its completed lines over each window; it is then cancelled, and the
+  next scenario waits for vllm serve to run nothing;
+- the batch alone: the same batch with no interactive client, WARMUP seconds after
+  its start, for its idle throughput.
 
 Goals (issue 34): interactive TTFT p99 with the adaptive batch at most 1.5x the
 baseline (interactive alone), the adaptive batch alone at least 0.9x the fixed one's
@@ -62,7 +65,8 @@ BATCH_TOKENS = 64
 # two windows) needs more, so that the batch runs to the end of every window (then
 # it is cancelled).
 BATCH_REQUESTS = 1500
-WARMUP = 15.0  # seconds of batch before the interactive client starts
+WARMUP = 15.0  # seconds of the batch alone before its throughput is measured
+JOIN = 3.0  # seconds into the steady window at which the batch is submitted
 BURST = 4
 BURST_EVERY = 10.0
 QUESTIONS = ["What is the capital of France?", "Name three primary colours.",
@@ -187,6 +191,14 @@ class LimitWatch:
                 "limit_max": max(self.limits), "modes": self.modes}
 
 
+async def batch_joins(work, batch: Batch):
+    """`work` (the interactive client), with the batch submitted JOIN s into it."""
+    task = asyncio.ensure_future(work)
+    await asyncio.sleep(JOIN)
+    await asyncio.to_thread(batch.start)
+    return await task
+
+
 def wait_server_idle(vllm: VllmServer, timeout: float = 180) -> None:
     """Until vllm serve runs and queues nothing (a cancelled batch's requests gone)."""
     deadline = time.monotonic() + timeout
@@ -200,20 +212,28 @@ def wait_server_idle(vllm: VllmServer, timeout: float = 180) -> None:
 
 def scenario(vllm: VllmServer, batch: Batch | None, window: float, *,
              patterns: tuple[str, ...]) -> dict:
-    """The batch (if any) after WARMUP, then each interactive pattern for `window` s."""
+    """Each interactive pattern for `window` s beside the batch (if any). The first
+    (steady) pattern is there first and the batch joins JOIN s into its window, as a
+    batch joins a server that production traffic already uses; the next patterns
+    (bursts) meet the batch running. The batch alone gets WARMUP s first."""
     out = {}
-    if batch is not None:
+    joins = batch is not None and patterns[0] != "none"
+    if batch is not None and not joins:
         batch.start()
         time.sleep(WARMUP)
-    for pattern in patterns:
-        before, began = (batch.completed() if batch else 0), time.perf_counter()
+    for index, pattern in enumerate(patterns):
+        joining = joins and index == 0
+        before = batch.completed() if batch is not None and not joining else 0
+        began = time.perf_counter()
         watch = LimitWatch(batch) if batch else None
         if pattern == "none":
             results = asyncio.run(watch.during(asyncio.sleep(window)))
         else:
             work = interactive(vllm.url, pattern, window)
+            if joining:
+                work = batch_joins(work, batch)
             results = asyncio.run(watch.during(work) if watch else work)
-        elapsed = time.perf_counter() - began
+        elapsed = time.perf_counter() - began - (JOIN if joining else 0.0)
         figures = summarize_interactive(results) if pattern != "none" else {}
         if batch is not None:
             done = batch.completed()
