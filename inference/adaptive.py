@@ -24,9 +24,18 @@ The anchors, and what is taken from each:
 The policy (`limit_step`, a pure function of the last state and one sample):
 
 1. *Alone* (no other request at the server for HOLD_SECONDS): the batch wants
-   throughput, so the limit grows by GROWTH a sample (slow start) up to the ceiling
-   while the limit binds (the batch keeps it full) and the server queues nothing; a
-   server that queues already runs all it can, and more in flight only waits there.
+   throughput, but only the throughput more in flight buys. The limit grows by GROWTH
+   (slow start) while the limit binds (the batch keeps it full), the server queues
+   nothing and the batch's token rate (its sequences at the server over the step
+   time, i.e. tokens/s) rose by at least KNEE_GAIN since the last growth, measured on
+   the second full sample at a limit (the first still carries the new requests'
+   prefills). When a growth bought less, the limit goes back by GROWTH and
+   holds there for the rest of the alone spell (the knee, Vegas/Gradient-style): past
+   it every step is longer for nothing, and every sequence in a step is one an
+   interactive request that arrives must wait behind. A server that keeps batch
+   requests waiting on two samples in a row already runs all it can: the limit falls
+   to what it runs, since a request waiting there adds nothing but an abort to make
+   when others come. Without a latency figure the limit grows every full sample.
 2. *Shared* (another request seen at the server within HOLD_SECONDS): when others
    appear the limit drops to the floor at once (`shed`: the engine also stops the
    newest requests above it, which the server aborts, and sends them again later),
@@ -43,8 +52,11 @@ What it promises: the limit stays within [floor, ceiling]; within one sample of 
 traffic appearing at a server that reports it, the batch's in-flight requests are at
 the floor; while others stay, the server's inter-token latency settles within `target`
 times its unloaded value (or the limit at the floor); within HOLD_SECONDS plus
-log_GROWTH(ceiling / floor) samples of the others leaving, the batch may use the
-ceiling again. The floor (at least 1) keeps the batch progressing under any load.
+2 log_GROWTH(ceiling / floor) samples of the others leaving, the batch may use the
+ceiling again, or the knee (the least limit past which a growth buys less than
+KNEE_GAIN more tokens/s) or what the server runs, whichever is first; alone, the limit
+is never kept above what the server runs while batch requests wait there. The floor
+(at least 1) keeps the batch progressing under any load.
 """
 
 from __future__ import annotations
@@ -64,6 +76,9 @@ BACKOFF = 0.7  # shared: the cut when the latency or the server's queue says too
 # slower for good (a longer context in use, another model) is a new normal within
 # a few minutes, as Gradient2's long-term RTT drifts.
 BASELINE_DRIFT = 1.002
+# Alone, a growth must raise the batch's token rate by this share to be kept: less is
+# within the noise of a few steps and is not worth the longer steps it costs others.
+KNEE_GAIN = 0.1
 # A limit "binds" when the batch holds at least this share of it in flight: a limit
 # the batch does not fill tells nothing about more (Netflix's rule).
 BINDING_SHARE = 0.9
@@ -123,11 +138,18 @@ class Admission:
     baseline: float | None = None  # the unloaded inter-token latency
     others_seen_at: float | None = None
     shed: bool = False  # this step cut the limit below what is in flight: stop the newest
+    # Alone: the token rate measured at the limit before the last growth, the full
+    # samples seen at this limit, whether growth stopped (the knee or the server's
+    # capacity), and whether the server kept batch requests waiting at the last sample.
+    rate: float | None = None
+    settled: int = 0
+    knee: bool = False
+    queued: bool = False
 
     def as_dict(self) -> dict:
         return {"limit": self.limit, "mode": self.mode.value,
                 "baseline_latency": None if self.baseline is None else round(self.baseline, 4),
-                "shed": self.shed}
+                "shed": self.shed, "knee": self.knee}
 
 
 def start(limits: Limits) -> Admission:
@@ -146,11 +168,10 @@ def limit_step(state: Admission, sample: Sample, limits: Limits) -> Admission:
         mode = Mode.SHARED if shared else Mode.ALONE
     limit = state.limit
     shed = False
+    if mode is Mode.ALONE:
+        return _alone(state, sample, limits, baseline, others_seen_at)
     if mode is Mode.SHARED and state.mode is not Mode.SHARED:
         limit, shed = limits.floor, sample.in_flight > limits.floor
-    elif mode is Mode.ALONE:
-        if not sample.waiting and sample.in_flight >= BINDING_SHARE * limit:
-            limit = math.ceil(limit * GROWTH)
     elif _too_slow(sample, baseline, limits.target) or sample.waiting:
         limit = math.floor(limit * BACKOFF)
     elif sample.in_flight >= BINDING_SHARE * limit:
@@ -158,6 +179,36 @@ def limit_step(state: Admission, sample: Sample, limits: Limits) -> Admission:
     limit = min(max(limit, limits.floor), limits.ceiling)
     return Admission(limit=limit, mode=mode, baseline=baseline,
                      others_seen_at=others_seen_at, shed=shed)
+
+
+def _alone(state: Admission, sample: Sample, limits: Limits, baseline: float | None,
+           others_seen_at: float | None) -> Admission:
+    """Rule 1: grow while it pays, never above what the server runs."""
+    fresh = state.mode is not Mode.ALONE  # a new alone spell: find the knee again
+    rate = None if fresh else state.rate
+    knee = False if fresh else state.knee
+    settled = 0 if fresh else state.settled
+    limit = state.limit
+    binds = sample.in_flight >= BINDING_SHARE * limit
+    queued = bool(sample.waiting)
+    if queued and state.queued and not fresh:
+        limit, knee, settled = min(limit, sample.running), True, 0
+    elif queued or knee or not binds:
+        pass
+    elif sample.latency is None or sample.latency <= 0:
+        limit, settled = math.ceil(limit * GROWTH), 0
+    elif settled < 1:
+        settled += 1
+    else:
+        now = min(sample.in_flight, sample.running) / sample.latency
+        if rate is None or now >= rate * (1 + KNEE_GAIN):
+            limit, rate, settled = math.ceil(limit * GROWTH), now, 0
+        else:
+            limit, knee = math.ceil(limit / GROWTH), True
+    limit = min(max(limit, limits.floor), limits.ceiling)
+    return Admission(limit=limit, mode=Mode.ALONE, baseline=baseline,
+                     others_seen_at=others_seen_at, rate=rate, settled=settled,
+                     knee=knee, queued=queued)
 
 
 def _baseline(baseline: float | None, latency: float | None) -> float | None:
