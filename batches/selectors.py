@@ -13,7 +13,7 @@ from batches.residency import model_demand
 from core.models import KeyUsage
 from core.pagination import newest_first
 from fleet.models import ModelSwap, Residency
-from fleet.selectors import live_workers, resident_on
+from fleet.selectors import adaptive_concurrency, live_workers, resident_on
 from serving.model_info import served_models
 
 
@@ -102,6 +102,7 @@ def pool_status() -> dict:
         "scheduling_pool_token_budget": slots["budget"],
         # Why results cannot be written now (the storage volume full), or null.
         "storage_error": slots["storage_error"] or None,
+        "adaptive_concurrency": adaptive_concurrency(),
     }
 
 

@@ -323,6 +323,27 @@ class MultiplexingSerializer(serializers.Serializer):
         help_text="seconds spent handing chunks back before the engines stopped")
 
 
+class AdaptiveConcurrencySerializer(serializers.Serializer):
+    worker = serializers.CharField()
+    model = serializers.CharField()
+    limit = serializers.IntegerField(help_text="batch requests it may have at the server now")
+    mode = serializers.CharField(help_text="start, alone (no other traffic at the server), "
+                                 "shared (other traffic seen lately) or blind (no server "
+                                 "figures: its own latencies)")
+    source = serializers.CharField(help_text="metrics (the server's /metrics) or latency")
+    floor = serializers.IntegerField()
+    ceiling = serializers.IntegerField()
+    target = serializers.FloatField()
+    in_flight = serializers.IntegerField(help_text="batch requests at the server now")
+    waiting_at_gate = serializers.IntegerField(help_text="requests held back by the limit")
+    shed_total = serializers.IntegerField(help_text="requests stopped by cuts and sent again")
+    baseline_latency = serializers.FloatField(
+        allow_null=True, help_text="the server's unloaded inter-token latency (s)")
+    signals = serializers.DictField(help_text="what the last look read: in_flight, "
+                                    "server_running, server_waiting, others, "
+                                    "inter_token_latency, time_to_first_token (s)")
+
+
 class PoolStatusSerializer(serializers.Serializer):
     """The top-level figures are the totals over every model; `models` splits them."""
 
@@ -339,6 +360,10 @@ class PoolStatusSerializer(serializers.Serializer):
         allow_null=True, help_text="Why workers cannot write results now (the storage "
         "volume full), or null. Their batches wait and resume once there is room.")
     models = ModelPoolStatusSerializer(many=True)
+    adaptive_concurrency = AdaptiveConcurrencySerializer(
+        many=True, help_text="openai-http workers' adaptive concurrency (the batch "
+        "requests they keep at the shared server, and the signals it follows); empty "
+        "when no worker has it on")
     multiplexing = MultiplexingSerializer(
         allow_null=True, help_text="model multiplexing's figures; null while no worker "
         "multiplexes")

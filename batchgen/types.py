@@ -10,10 +10,12 @@ that keeps these fields equal to the server's serializers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from batchgen._models import BaseObject
 
 __all__ = [
+    "AdaptiveConcurrency",
     "Batch",
     "BatchError",
     "BatchErrors",
@@ -203,6 +205,26 @@ class Multiplexing(BaseObject):
 
 
 @_typed
+class AdaptiveConcurrency(BaseObject):
+    """An openai-http worker's adaptive concurrency at a shared server: its limit on
+    batch requests in flight and the server signals it read last."""
+    __component__ = "AdaptiveConcurrency"
+    worker: str
+    model: str
+    limit: int
+    mode: str
+    source: str
+    floor: int
+    ceiling: int
+    target: float
+    in_flight: int
+    waiting_at_gate: int
+    shed_total: int
+    baseline_latency: float | None
+    signals: dict[str, Any]
+
+
+@_typed
 class PoolStatus(BaseObject):
     __component__ = "PoolStatus"
     intake_pool_size: int
@@ -216,6 +238,7 @@ class PoolStatus(BaseObject):
     scheduling_pool_token_budget: int | None
     storage_error: str | None
     models: list[ModelPoolStatus]
+    adaptive_concurrency: list[AdaptiveConcurrency]
     multiplexing: Multiplexing | None
 
 

@@ -29,6 +29,25 @@ KEY_GAUGES = {  # per API key name: kind -> (metric, help)
     "intake": ("max_intake_requests", "This key's intake quota (absent: no limit)"),
     "tokens": ("tokens_per_day", "This key's daily token quota (absent: no limit)"),
 }
+# Adaptive concurrency: the key in the worker's `admission` (or its signals), the
+# metric's name after batchgen_adaptive_, its help.
+ADAPTIVE_GAUGES = [
+    ("limit", "limit", "Batch requests this worker may have at its engine server now"),
+    ("floor", "floor", "The limit's floor (BATCHGEN_ADAPTIVE_FLOOR)"),
+    ("ceiling", "ceiling", "The limit's ceiling (BATCHGEN_ADAPTIVE_CEILING)"),
+    ("in_flight", "in_flight", "Batch requests this worker has at its engine server"),
+    ("waiting_at_gate", "held_back", "Requests this worker holds back under the limit"),
+    ("shed_total", "shed", "Requests stopped by cuts of the limit and sent again"),
+    ("server_running", "server_running",
+     "Requests the engine server runs, everyone's (vllm:num_requests_running)"),
+    ("server_waiting", "server_waiting",
+     "Requests waiting at the engine server, everyone's (vllm:num_requests_waiting)"),
+    ("others", "other_requests", "Requests at the engine server that are not the batch's"),
+    ("inter_token_latency", "inter_token_latency_seconds",
+     "The engine server's mean inter-token latency at the last look"),
+    ("baseline_latency", "baseline_latency_seconds",
+     "The engine server's unloaded inter-token latency, as the controller remembers it"),
+]
 
 
 class BatchGenCollector(Collector):
@@ -156,6 +175,23 @@ class BatchGenCollector(Collector):
                 families["token_budget"].add_metric(labels, worker.token_budget)
             families["ready"].add_metric(labels, int(worker.ready))
             families["storage_full"].add_metric(labels, int(bool(worker.storage_error)))
+        yield from families.values()
+        yield from self._adaptive(workers)
+
+    def _adaptive(self, workers):
+        """Adaptive concurrency (inference/adaptive.py): present for the workers that
+        have it. A signal the server did not give is absent, not zero."""
+        families = {key: GaugeMetricFamily(f"batchgen_adaptive_{name}", help_text,
+                                           labels=WORKER_LABELS)
+                    for key, name, help_text in ADAPTIVE_GAUGES}
+        for worker in workers:
+            admission = worker.admission
+            if not admission:
+                continue
+            figures = {**(admission.get("signals") or {}), **admission}
+            for key, family in families.items():
+                if isinstance(figures.get(key), int | float):
+                    family.add_metric([worker.name, worker.hostname], figures[key])
         yield from families.values()
 
     def _residency(self):

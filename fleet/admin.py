@@ -29,14 +29,16 @@ class AliveFilter(admin.SimpleListFilter):
 class WorkerAdmin(admin.ModelAdmin):
     list_display = ["name", "hostname", "engine", "model", "alive", "ready", "slots",
                     "tokens", "requests_completed", "requests_failed", "tokens_generated",
-                    "storage_error", "started_at", "heartbeat_at", "stopped_at"]
+                    "storage_error", "batch_limit", "started_at", "heartbeat_at",
+                    "stopped_at"]
     list_filter = [AliveFilter, "ready", "engine", "hostname"]
     search_fields = ["name", "hostname"]
     ordering = ["-heartbeat_at"]
     list_per_page = 100
 
     def get_readonly_fields(self, request, obj=None):
-        return [f.name for f in Worker._meta.fields] + ["alive", "slots", "tokens"]
+        return [f.name for f in Worker._meta.fields] + ["alive", "slots", "tokens",
+                                                         "batch_limit"]
 
     def has_add_permission(self, request) -> bool:
         return False
@@ -64,3 +66,18 @@ class WorkerAdmin(admin.ModelAdmin):
     def tokens(self, obj: Worker) -> str:
         budget = "no budget" if obj.token_budget is None else obj.token_budget
         return f"{obj.tokens_active} / {budget}"
+
+    @admin.display(description="batch at server (in flight / limit, mode)")
+    def batch_limit(self, obj: Worker) -> str:
+        """Adaptive concurrency (inference/adaptive.py), with what it read last."""
+        admission = obj.admission
+        if not admission:
+            return "-"
+        signals = admission.get("signals") or {}
+        latency = signals.get("inter_token_latency")
+        read = (f"; server runs {signals.get('server_running')}, "
+                f"{signals.get('server_waiting')} waiting, {signals.get('others')} others"
+                if signals.get("server_running") is not None else "")
+        return (f"{admission.get('in_flight')} / {admission.get('limit')} "
+                f"({admission.get('mode')}{read}"
+                f"{f', ITL {latency * 1000:.0f} ms' if latency else ''})")

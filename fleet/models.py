@@ -34,6 +34,10 @@ class Worker(models.Model):
     # whose message it has taken from the broker but not started (prefetched).
     # Recovery counts these as present, not lost by the broker (batches.recovery).
     held_chunks = models.JSONField(default=list, blank=True)
+    # The engine's adaptive concurrency (inference/adaptive.py), as of its heartbeat:
+    # the limit of batch requests at the server and the signals it read; null when
+    # the engine bounds nothing itself.
+    admission = models.JSONField(null=True, blank=True)
 
     class Meta:
         db_table = "inference_worker"

@@ -103,6 +103,14 @@ def live_workers_by_model() -> dict[str, int]:
                 .values_list("model", "workers"))
 
 
+def adaptive_concurrency() -> list[dict]:
+    """The live workers whose engine bounds its own requests at a shared server
+    (inference/adaptive.py): each one's limit and the signals it read last."""
+    return [{"worker": name, "model": model, **admission}
+            for name, model, admission in live_workers().filter(admission__isnull=False)
+            .order_by("name").values_list("name", "model", "admission")]
+
+
 def swap_seconds_estimate() -> float:
     """What a swap has taken here lately (the last ten measured), or the default."""
     recent = list(ModelSwap.objects.filter(seconds__isnull=False).order_by("-id")

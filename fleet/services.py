@@ -19,9 +19,10 @@ from fleet.models import ModelSwap, Residency, Worker
 def worker_heartbeat(*, name: str, hostname: str, engine: str, model: str, capacity: int,
                      active: int, tokens_active: int, token_budget: int | None, ready: bool,
                      completed: int, failed: int, tokens: int, storage_error: str = "",
-                     held_chunks: list[int] | None = None) -> None:
-    """Record a worker's liveness, slots and counters, and the chunks it holds (its
-    own row only)."""
+                     held_chunks: list[int] | None = None,
+                     admission: dict | None = None) -> None:
+    """Record a worker's liveness, slots and counters, the chunks it holds and its
+    engine's adaptive concurrency (its own row only)."""
     Worker.objects.update_or_create(
         name=name,
         defaults={"hostname": hostname, "pid": os.getpid(), "engine": engine, "model": model,
@@ -29,7 +30,7 @@ def worker_heartbeat(*, name: str, hostname: str, engine: str, model: str, capac
                   "tokens_active": tokens_active, "token_budget": token_budget,
                   "requests_completed": completed, "requests_failed": failed,
                   "tokens_generated": tokens, "storage_error": storage_error,
-                  "held_chunks": sorted(held_chunks or ()),
+                  "held_chunks": sorted(held_chunks or ()), "admission": admission,
                   "heartbeat_at": timezone.now(), "stopped_at": None},
     )
 

@@ -46,6 +46,7 @@ class Heartbeat:
             ready=state.ready.is_set() and not state.going_away(),
             completed=state.completed, failed=state.failed_requests, tokens=state.tokens,
             storage_error=state.storage_error, held_chunks=self.held_chunk_ids(),
+            admission=None if engines.engine is None else engines.engine.admission,
         )
 
     def beat(self) -> None:

@@ -25,7 +25,12 @@ What this module adds to a plain HTTP call:
 - priority: vLLM started with `--scheduling-policy priority` serves lower `priority`
   values first; batch requests carry `engine_priority` (a high number), so the
   interactive traffic on the same GPUs goes ahead. A server that refuses the field
-  is sent none from then on.
+  is sent none from then on;
+- adaptive concurrency (BATCHGEN_ADAPTIVE_CONCURRENCY, inference/adaptive.py): priority
+  orders only the server's queue, and every engine step carries every sequence it runs,
+  so the requests this engine has at the server follow the server's load (its
+  /metrics, or the batch's own latencies) between a floor and a ceiling; the others
+  wait at a gate in this engine, in the order the worker admitted them.
 
 Why httpx rather than the `openai` SDK's AsyncOpenAI: a batch line's body goes to the
 server as the client wrote it, with whatever extensions that server takes (vLLM's
@@ -55,6 +60,8 @@ from tenacity import (
 from tenacity.wait import wait_base
 from urllib3.util import Retry
 
+from inference.adaptive import Limits
+from inference.engines.adaptive_gate import AdaptiveConcurrency
 from serving.endpoints import EndpointSpec, endpoint_spec
 from serving.engines.base import (
     Engine,
@@ -160,10 +167,18 @@ class OpenAIHttpEngine(Engine):
         self._context: int | None = None
         self._priority = config.engine_priority
         self._outage_since: float | None = None  # when requests began to retry
+        self._adaptive = (AdaptiveConcurrency(
+            Limits(target=config.adaptive_target, floor=config.adaptive_floor,
+                   ceiling=max(config.adaptive_ceiling, config.adaptive_floor)),
+            config.engine_url) if config.adaptive else None)
 
     @property
     def url(self) -> str:
         return self.config.engine_url.rstrip("/")
+
+    @property
+    def admission(self) -> dict | None:
+        return None if self._adaptive is None else self._adaptive.report()
 
     @property
     def max_context_length(self) -> int:
@@ -190,6 +205,8 @@ class OpenAIHttpEngine(Engine):
             await self.shutdown()
             raise
         self._context = served.max_model_len
+        if self._adaptive is not None:
+            self._adaptive.start(self._client)
         logger.info("engine server %s serves %r as BatchGen's %r (max_model_len %s); "
                     "batch requests carry priority %s", self.url, served.id,
                     self.config.served_model_name, served.max_model_len or "not given",
@@ -249,14 +266,33 @@ class OpenAIHttpEngine(Engine):
         spec = endpoint_spec(request.endpoint)
         body = self._body(request, spec)
         path = request.endpoint.removeprefix("/v1/")
-        response = await self._send(path, body, request.request_id)
+        response, seconds = await self._admitted(path, body, request.request_id)
         if (response.status_code in (400, 422) and "priority" in body
                 and "priority" in response.text.lower()):
             self._refuses_priority(response)
             body.pop("priority")
-            response = await self._send(path, body, request.request_id)
+            response, seconds = await self._admitted(path, body, request.request_id)
         if response.status_code != 200:
             return _failure(response, endpoint=request.endpoint)
+        result = self._answer(response, spec, request.max_context_length, request.body)
+        if self._adaptive is not None:
+            self._adaptive.finished(seconds, result.completion_tokens)
+        return result
+
+    async def _admitted(self, path: str, body: dict[str, Any],
+                        request_id: str) -> tuple[httpx.Response, float]:
+        """`_send` once the adaptive gate lets the request in (at once without it);
+        the answer and the seconds it took."""
+        if self._adaptive is None:
+            began = time.monotonic()
+            return await self._send(path, body, request_id), time.monotonic() - began
+        # A request sent again after a cut gets its own id: the stopped one may still
+        # be inside the server.
+        return await self._adaptive.send(object(), lambda again: self._send(
+            path, body, f"{request_id}-again{again}" if again else request_id))
+
+    def _answer(self, response: httpx.Response, spec: EndpointSpec,
+                cap: int | None, request_body: dict[str, Any]) -> EngineResult:
         try:
             answer = response.json()
         except ValueError:
@@ -266,7 +302,7 @@ class OpenAIHttpEngine(Engine):
         if not isinstance(answer, dict):
             return EngineResult.failure("engine_error", "the engine server answered 200 "
                                         "with JSON that is not an object")
-        return self._result(answer, spec, request.max_context_length, request.body)
+        return self._result(answer, spec, cap, request_body)
 
     def _body(self, request: EngineRequest, spec: EndpointSpec) -> dict[str, Any]:
         """The request as the server takes it: its own model id, one full answer, the
@@ -354,6 +390,8 @@ class OpenAIHttpEngine(Engine):
                             completion_tokens=completion_tokens)
 
     async def shutdown(self) -> None:
+        if self._adaptive is not None:
+            await self._adaptive.stop()
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()

@@ -47,6 +47,12 @@ class EngineConfig:
     engine_retry_seconds: float = 600.0
     engine_start_timeout: float = 900.0
     engine_priority: int | None = None
+    # Adaptive concurrency (inference/adaptive.py): the batch requests at the server
+    # follow its load, between a floor and a ceiling; off: as many as there are slots.
+    adaptive: bool = False
+    adaptive_target: float = 1.5
+    adaptive_floor: int = 1
+    adaptive_ceiling: int = 256
     # A multiplexing worker may put this engine to sleep for another model and wake
     # it again (vLLM's sleep mode, where the platform offers it: inference/swap.py).
     sleep_mode: bool = False
@@ -134,6 +140,12 @@ class Engine(abc.ABC):
         reports its load (known after start()): then it calls `load_listener` after
         each step, and the worker keeps its queue fed from that instead of from a
         token estimate. None for an engine that reports nothing."""
+        return None
+
+    @property
+    def admission(self) -> dict | None:
+        """How the engine bounds its own requests in flight (adaptive concurrency), as
+        the worker's heartbeat reports it; None when it does not."""
         return None
 
     def report_load(self, load: EngineLoad) -> None:

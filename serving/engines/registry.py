@@ -151,6 +151,10 @@ register(EngineSpec(
         "engine_retry_seconds": "BATCHGEN_ENGINE_RETRY_SECONDS",
         "engine_start_timeout": "BATCHGEN_ENGINE_START_TIMEOUT_SECONDS",
         "engine_priority": "BATCHGEN_ENGINE_PRIORITY",
+        "adaptive": "BATCHGEN_ADAPTIVE_CONCURRENCY",
+        "adaptive_target": "BATCHGEN_ADAPTIVE_TARGET",
+        "adaptive_floor": "BATCHGEN_ADAPTIVE_FLOOR",
+        "adaptive_ceiling": "BATCHGEN_ADAPTIVE_CEILING",
     },
     # The model entry's path is the id the remote server serves; what that model does
     # is the server's business: a line it cannot serve gets the server's error.

@@ -471,6 +471,7 @@ def test_pool_status_has_every_field_and_counts_what_is_queued(api, running_batc
             "resident_on": ["w1"], "waiting_seconds": None,
         }],
         "multiplexing": None,  # no worker multiplexes (fleet/residency.py)
+        "adaptive_concurrency": [],  # no openai-http worker (inference/adaptive.py)
     }
 
 
@@ -508,6 +509,7 @@ def test_pool_status_of_an_idle_server(api, settings):
             "resident_on": [], "waiting_seconds": None,
         }],
         "multiplexing": None,
+        "adaptive_concurrency": [],
     }
 
 

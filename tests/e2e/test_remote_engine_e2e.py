@@ -1,10 +1,14 @@
 """The openai-http engine against a real `vllm serve` on this machine's CPU, with the
 default model: a batch runs through BatchGen's `serve --engine openai-http`, and the
-vLLM server is killed and started again while the batch runs."""
+vLLM server is killed and started again while the batch runs; and the batch makes
+room for interactive traffic at the same server and takes the capacity back after
+(adaptive concurrency, inference/adaptive.py). One vllm serve for the module: it
+takes most of a minute to start here."""
 
 from __future__ import annotations
 
 import json
+import threading
 
 import httpx
 import pytest
@@ -20,20 +24,21 @@ REQUESTS = 40
 POOL_SIZE = 8
 
 
-@pytest.fixture
-def vllm(model_dir, tmp_path):
-    server = VllmServer(model_dir=model_dir, log_path=tmp_path / "vllm-serve.log")
+@pytest.fixture(scope="module")
+def vllm(model_dir, tmp_path_factory):
+    server = VllmServer(model_dir=model_dir,
+                        log_path=tmp_path_factory.mktemp("vllm") / "vllm-serve.log")
     yield server
     server.stop()
 
 
-def chat_input() -> bytes:
+def chat_input(requests: int = REQUESTS, max_tokens: int = 24) -> bytes:
     return b"".join(json.dumps({
         "custom_id": f"q-{i}", "method": "POST", "url": "/v1/chat/completions",
-        "body": {"model": "m", "max_tokens": 24,
+        "body": {"model": "m", "max_tokens": max_tokens,
                  "messages": [{"role": "user", "content": f"Write one sentence about the "
                                                           f"number {i}."}]}}).encode() + b"\n"
-        for i in range(REQUESTS))
+        for i in range(requests))
 
 
 class Statuses:
@@ -97,3 +102,81 @@ def test_a_batch_survives_the_vllm_server_restarting_mid_batch(start_server, vll
     assert statuses.server_errors() == []
     log = server.log_path.read_text(errors="replace")
     assert "requests retry for up to" in log and "answers again after" in log
+
+
+ADAPTIVE_REQUESTS = 160
+
+
+def admission(api) -> dict | None:
+    """The one worker's adaptive concurrency, as /v1/pool/status shows it."""
+    workers = api.http.get("/v1/pool/status").json()["adaptive_concurrency"]
+    return workers[0] if workers else None
+
+
+def interactive_client(url: str, stop: threading.Event, answered: list[int]) -> None:
+    """Streamed chat requests straight to vllm serve, one after the other (vLLM's
+    default priority 0), until `stop`."""
+    with httpx.Client(timeout=120) as http:
+        while not stop.is_set():
+            with http.stream("POST", f"{url}/chat/completions", json={
+                    "model": "SmolLM2-135M-Instruct", "stream": True, "max_tokens": 16,
+                    "messages": [{"role": "user", "content": "Say hello."}]}) as response:
+                answered.append(response.status_code)
+                for _ in response.iter_lines():
+                    pass
+
+
+def test_the_batch_makes_room_for_interactive_traffic_and_takes_it_back(start_server, vllm):
+    # Given: BatchGen in front of vllm serve (the module's; started here if the test
+    # above did not run), adaptive concurrency on (the default), a batch running alone.
+    if vllm.process is None or vllm.process.poll() is not None:
+        vllm.start()
+    vllm.wait_ready(400)
+    server, api = start_server(
+        engine="openai-http", ready_timeout=400,
+        args=["--engine", "openai-http", "--engine-url", vllm.url],
+        BATCHGEN_MODELS="m=SmolLM2-135M-Instruct", BATCHGEN_ADAPTIVE_CEILING="32")
+    statuses = Statuses()
+    api.http.event_hooks["response"].append(statuses)
+    file_id = api.upload(chat_input(ADAPTIVE_REQUESTS, max_tokens=32))["id"]
+    created = api.create_batch(file_id, endpoint="/v1/chat/completions")
+    assert created.status_code == 200, created.text
+    batch_id = created.json()["id"]
+
+    # Alone, the limit grows from the floor, on the server's own figures.
+    alone = wait_until(lambda: (a := admission(api)) and a["mode"] == "alone"
+                       and a["limit"] >= 8 and a, timeout=120, interval=0.2,
+                       message="the batch's limit to grow while it is alone")
+    assert alone["source"] == "metrics" and alone["floor"] == 1 and alone["ceiling"] == 32
+    assert alone["signals"]["server_running"] >= 1
+
+    # When: an interactive client streams requests at the same server.
+    stop, answered = threading.Event(), []
+    client = threading.Thread(target=interactive_client, args=(vllm.url, stop, answered))
+    client.start()
+    try:
+        # Then: the batch sees it and is cut to the floor, its newest requests stopped.
+        shared = wait_until(lambda: (a := admission(api)) and a["mode"] == "shared" and a,
+                            timeout=60, interval=0.2, message="the batch to see the others")
+        assert shared["limit"] < alone["limit"]
+        assert shared["shed_total"] >= 1
+    finally:
+        stop.set()
+        client.join(120)
+    assert answered and set(answered) == {200}
+
+    # When it leaves, the batch takes the capacity back.
+    wait_until(lambda: (a := admission(api)) and a["mode"] == "alone"
+               and a["limit"] > shared["limit"], timeout=60, interval=0.2,
+               message="the batch to take the capacity back")
+
+    # And every line exactly once, none failed, the stopped ones sent again.
+    done = api.wait_status(batch_id, {"completed", "failed", "cancelled"}, timeout=600)
+    assert done["status"] == "completed", done
+    assert done["request_counts"] == {"total": ADAPTIVE_REQUESTS,
+                                      "completed": ADAPTIVE_REQUESTS, "failed": 0}
+    lines = [json.loads(line) for line in api.content(done["output_file_id"]).splitlines()]
+    assert sorted(line["custom_id"] for line in lines) == sorted(
+        f"q-{i}" for i in range(ADAPTIVE_REQUESTS))
+    assert all(line["error"] is None for line in lines)
+    assert statuses.server_errors() == []

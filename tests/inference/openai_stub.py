@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 
 from tests.e2e.harness import free_port
 
@@ -59,6 +60,11 @@ class OpenAIStub:
         self.script: deque[Answer] = deque()  # next answers to POSTs, then 200s
         self.seen: list[Seen] = []
         self.models_status = 200
+        # /metrics as vLLM writes it, with `others` requests of other clients beside
+        # those in flight here; None: the server has no /metrics (404).
+        self.others: int | None = None
+        self.in_flight = 0  # POSTs being answered now
+        self.peak_in_flight = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
@@ -94,6 +100,7 @@ class OpenAIStub:
     async def _start(self) -> None:
         app = web.Application()
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/{path:.*}", self._post)
         # A client that disconnects cancels its handler, as vLLM's with_cancellation does.
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.1)
@@ -109,16 +116,32 @@ class OpenAIStub:
                                      status=self.models_status)
         return web.json_response({"object": "list", "data": self.models})
 
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if self.others is None:
+            return web.Response(status=404, text="Not Found")
+        registry = CollectorRegistry()
+        Gauge("vllm:num_requests_running", "running", ["model_name"], registry=registry
+              ).labels(MODEL).set(self.in_flight + self.others)
+        Gauge("vllm:num_requests_waiting", "waiting", ["model_name"], registry=registry
+              ).labels(MODEL).set(0)
+        Histogram("vllm:inter_token_latency_seconds", "itl", ["model_name"],
+                  registry=registry).labels(MODEL).observe(0.01)
+        return web.Response(body=generate_latest(registry), content_type="text/plain")
+
     async def _post(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         seen = Seen(request.match_info["path"], body, _headers(request), time.monotonic())
         self.seen.append(seen)
         answer = self.script.popleft() if self.script else Answer()
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:
             await asyncio.sleep(answer.delay)
         except asyncio.CancelledError:
             seen.aborted = True
             raise
+        finally:
+            self.in_flight -= 1
         if answer.drop:
             request.transport.close()
             return web.Response()

@@ -36,9 +36,11 @@ def stub():
 
 
 def engine_for(stub: OpenAIStub, **options) -> OpenAIHttpEngine:
+    # Adaptive concurrency on, as BATCHGEN_ADAPTIVE_CONCURRENCY's default: the stub has
+    # no /metrics, so the gate follows the requests' own latencies from a floor of 1.
     config = {"engine": "openai-http", "model": MODEL, "served_model_name": "m",
               "engine_url": stub.url, "engine_priority": 100, "engine_retry_seconds": 20.0,
-              "engine_start_timeout": 20.0, **options}
+              "engine_start_timeout": 20.0, "adaptive": True, **options}
     return OpenAIHttpEngine(EngineConfig(**config))
 
 

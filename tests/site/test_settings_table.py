@@ -110,3 +110,26 @@ def test_a_misconfigured_server_says_so_once_at_start_naming_the_setting(tmp_pat
         "BatchGen cannot start: BATCHGEN_MAX_POOL_SIZE='0' (--max-pool-size): must be at "
         "least 1; slots (requests inside the engine at once) per inference worker")
     assert not (tmp_path / "run").exists()  # nothing was started
+
+
+@pytest.mark.parametrize(("env", "raw", "said"), [
+    ("BATCHGEN_ADAPTIVE_TARGET", "1", "must be at least 1.05"),
+    ("BATCHGEN_ADAPTIVE_TARGET", "101", "must be at most 100"),
+    ("BATCHGEN_ADAPTIVE_FLOOR", "0", "must be at least 1"),
+    ("BATCHGEN_ADAPTIVE_CEILING", "0", "must be at least 1"),
+    ("BATCHGEN_ADAPTIVE_CEILING", "100001", "must be at most 100000"),
+])
+def test_adaptive_concurrency_settings_out_of_bounds_are_refused(env, raw, said):
+    with pytest.raises(SettingError) as error:
+        value(env, {env: raw})
+    assert str(error.value).startswith(f"{env}={raw!r}") and said in str(error.value)
+
+
+def test_adaptive_concurrency_defaults_and_a_floor_above_the_ceiling():
+    assert [value(env, {}) for env in ("BATCHGEN_ADAPTIVE_CONCURRENCY",
+                                       "BATCHGEN_ADAPTIVE_TARGET", "BATCHGEN_ADAPTIVE_FLOOR",
+                                       "BATCHGEN_ADAPTIVE_CEILING")] == [True, 1.5, 1, 256]
+    assert value("BATCHGEN_ADAPTIVE_TARGET", {"BATCHGEN_ADAPTIVE_TARGET": "1.05"}) == 1.05
+    with pytest.raises(SettingError) as error:
+        read_all({"BATCHGEN_ADAPTIVE_FLOOR": "64", "BATCHGEN_ADAPTIVE_CEILING": "8"})
+    assert str(error.value) == "BATCHGEN_ADAPTIVE_FLOOR=64 is above BATCHGEN_ADAPTIVE_CEILING=8"

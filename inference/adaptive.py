@@ -1,0 +1,238 @@
+"""Adaptive concurrency: how many batch requests the openai-http engine keeps in flight
+at a server that other (interactive) traffic shares (issue 34).
+
+Why a limit at all: vLLM's `priority` only orders its waiting queue. Every engine step,
+which each interactive token waits for, carries every sequence the server runs, so a
+batch with hundreds of requests in flight makes every interactive token slow however
+first it is queued (measured: interactive TTFT p99 33.6x its value alone). What an
+interactive request waits for is the step, and the step grows with the sequences in it.
+
+The anchors, and what is taken from each:
+
+- llm-d's batch gateway (AIMD on the server's queue): decrease on a congestion
+  signal, increase otherwise. Its issue #491 found AIMD alone "partially works": it
+  reacts only once interactive requests already queue.
+- Netflix concurrency-limits, Gradient2 and Vegas: compare the latency now with the
+  latency unloaded (`baseline`: the lowest seen, slowly forgotten) and keep the limit
+  where their ratio stays within a tolerance; count what queues (Vegas) rather than wait
+  for a drop.
+- vLLM's own gauges (`/metrics`): `vllm:num_requests_running` and
+  `vllm:num_requests_waiting` count every request at the server, so those beyond the
+  batch's own in flight are someone else's; `vllm:inter_token_latency_seconds` is the
+  step time each token waited for.
+
+The policy (`limit_step`, a pure function of the last state and one sample):
+
+1. *Alone* (no other request at the server for HOLD_SECONDS): the batch wants
+   throughput, but only the throughput more in flight buys. The limit grows by GROWTH
+   (slow start) while the limit binds (the batch keeps it full), the server queues
+   nothing and the batch's token rate (its sequences at the server over the step
+   time, i.e. tokens/s) rose by at least KNEE_GAIN since the last growth, measured on
+   the second full sample at a limit (the first still carries the new requests'
+   prefills). When a growth bought less, the limit goes back by GROWTH and
+   holds there for the rest of the alone spell (the knee, Vegas/Gradient-style): past
+   it every step is longer for nothing, and every sequence in a step is one an
+   interactive request that arrives must wait behind. A server that keeps batch
+   requests waiting on two samples in a row already runs all it can: the limit falls
+   to what it runs, since a request waiting there adds nothing but an abort to make
+   when others come. Without a latency figure the limit grows every full sample.
+2. *Shared* (another request seen at the server within HOLD_SECONDS): when others
+   appear the limit drops to the floor at once (`shed`: the engine also stops the
+   newest requests above it, which the server aborts, and sends them again later),
+   because a request already running holds its place in every step until it ends.
+   From there it grows by one a sample while the server's inter-token latency stays
+   within `target` times its baseline and nothing waits at the server, and falls by
+   BACKOFF when either is broken (AIMD around a Gradient2 tolerance).
+3. *No server figures* (a server without `/metrics`, or not vLLM's): other traffic
+   cannot be seen, so the batch's own time per output token, measured on its own
+   requests, takes the inter-token latency's place and rule 2 applies always: a batch
+   alone then runs below its best throughput, the price of not knowing.
+
+What it promises: the limit stays within [floor, ceiling]; within one sample of other
+traffic appearing at a server that reports it, the batch's in-flight requests are at
+the floor; while others stay, the server's inter-token latency settles within `target`
+times its unloaded value (or the limit at the floor); within HOLD_SECONDS plus
+2 log_GROWTH(ceiling / floor) samples of the others leaving, the batch may use the
+ceiling again, or the knee (the least limit past which a growth buys less than
+KNEE_GAIN more tokens/s) or what the server runs, whichever is first; alone, the limit
+is never kept above what the server runs while batch requests wait there. The floor
+(at least 1) keeps the batch progressing under any load.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+# After the last request of another client is seen, the batch keeps to the shared rule
+# this long: interactive traffic at one request a second is at the server about a
+# third of the time, and a limit that rose between two requests would meet the next
+# one with the full batch running.
+HOLD_SECONDS = 5.0
+GROWTH = 1.5  # alone: the limit's growth a sample (256 from 1 in 14 samples, 3.5 s)
+BACKOFF = 0.7  # shared: the cut when the latency or the server's queue says too many
+# The unloaded latency is forgotten this fast (a sample's factor): a server that got
+# slower for good (a longer context in use, another model) is a new normal within
+# a few minutes, as Gradient2's long-term RTT drifts.
+BASELINE_DRIFT = 1.002
+# Alone, a growth must raise the batch's token rate by this share to be kept: less is
+# within the noise of a few steps and is not worth the longer steps it costs others.
+KNEE_GAIN = 0.1
+# A limit "binds" when the batch holds at least this share of it in flight: a limit
+# the batch does not fill tells nothing about more (Netflix's rule).
+BINDING_SHARE = 0.9
+
+
+class Mode(enum.StrEnum):
+    START = "start"  # no sample yet
+    ALONE = "alone"  # no other traffic at the server
+    SHARED = "shared"  # other traffic at the server within HOLD_SECONDS
+    BLIND = "blind"  # no server figures: the batch's own latency alone
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The settings: BATCHGEN_ADAPTIVE_TARGET, _FLOOR and _CEILING."""
+
+    target: float  # tolerated ratio of inter-token latency to its unloaded value
+    floor: int
+    ceiling: int
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One look at the server (and at the batch's own requests)."""
+
+    at: float  # monotonic seconds
+    in_flight: int  # the batch's requests at the server now
+    # The server's gauges; None when it reports none (rule 3).
+    running: int | None = None
+    waiting: int | None = None
+    # Mean seconds between two tokens since the last sample: the server's inter-token
+    # latency histogram, or the batch's own time per output token (rule 3); None when
+    # no token was made.
+    latency: float | None = None
+    ttft: float | None = None  # mean time to first token since the last sample (shown)
+
+    @property
+    def reports(self) -> bool:
+        return self.running is not None and self.waiting is not None
+
+    @property
+    def others(self) -> int:
+        """Requests at the server that are not the batch's. Ours may be counted here and
+        not there yet (on the way) or no more (the answer on its way back): both make
+        this smaller, never larger, so a positive count is another client's."""
+        if not self.reports:
+            return 0
+        return max(0, self.running + self.waiting - self.in_flight)
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The controller's state: the limit it set and what it remembers."""
+
+    limit: int
+    mode: Mode = Mode.START
+    baseline: float | None = None  # the unloaded inter-token latency
+    others_seen_at: float | None = None
+    shed: bool = False  # this step cut the limit below what is in flight: stop the newest
+    # Alone: the token rate measured at the limit before the last growth, the full
+    # samples seen at this limit, whether growth stopped (the knee or the server's
+    # capacity), and whether the server kept batch requests waiting at the last sample.
+    rate: float | None = None
+    settled: int = 0
+    knee: bool = False
+    queued: bool = False
+
+    def as_dict(self) -> dict:
+        return {"limit": self.limit, "mode": self.mode.value,
+                "baseline_latency": None if self.baseline is None else round(self.baseline, 4),
+                "shed": self.shed, "knee": self.knee}
+
+
+def start(limits: Limits) -> Admission:
+    """The state before any sample: the floor (a slow start, as TCP's)."""
+    return Admission(limit=limits.floor)
+
+
+def limit_step(state: Admission, sample: Sample, limits: Limits) -> Admission:
+    """The next state after `sample` (the rules of the module's docstring)."""
+    baseline = _baseline(state.baseline, sample.latency)
+    others_seen_at = sample.at if sample.others else state.others_seen_at
+    shared = others_seen_at is not None and sample.at - others_seen_at < HOLD_SECONDS
+    if not sample.reports:
+        mode = Mode.BLIND
+    else:
+        mode = Mode.SHARED if shared else Mode.ALONE
+    limit = state.limit
+    shed = False
+    if mode is Mode.ALONE:
+        return _alone(state, sample, limits, baseline, others_seen_at)
+    if mode is Mode.SHARED and state.mode is not Mode.SHARED:
+        limit, shed = limits.floor, sample.in_flight > limits.floor
+    elif _too_slow(sample, baseline, limits.target) or sample.waiting:
+        limit = math.floor(limit * BACKOFF)
+    elif sample.in_flight >= BINDING_SHARE * limit:
+        limit += 1
+    limit = min(max(limit, limits.floor), limits.ceiling)
+    return Admission(limit=limit, mode=mode, baseline=baseline,
+                     others_seen_at=others_seen_at, shed=shed)
+
+
+def _alone(state: Admission, sample: Sample, limits: Limits, baseline: float | None,
+           others_seen_at: float | None) -> Admission:
+    """Rule 1: grow while it pays, never above what the server runs."""
+    fresh = state.mode is not Mode.ALONE  # a new alone spell: find the knee again
+    rate = None if fresh else state.rate
+    knee = False if fresh else state.knee
+    settled = 0 if fresh else state.settled
+    limit = state.limit
+    binds = sample.in_flight >= BINDING_SHARE * limit
+    queued = bool(sample.waiting)
+    if queued and state.queued and not fresh:
+        limit, knee, settled = min(limit, sample.running), True, 0
+    elif queued or knee or not binds:
+        pass
+    elif sample.latency is None or sample.latency <= 0:
+        limit, settled = math.ceil(limit * GROWTH), 0
+    elif settled < 1:
+        settled += 1
+    else:
+        now = min(sample.in_flight, sample.running) / sample.latency
+        if rate is None or now >= rate * (1 + KNEE_GAIN):
+            limit, rate, settled = math.ceil(limit * GROWTH), now, 0
+        else:
+            limit, knee = math.ceil(limit / GROWTH), True
+    limit = min(max(limit, limits.floor), limits.ceiling)
+    return Admission(limit=limit, mode=Mode.ALONE, baseline=baseline,
+                     others_seen_at=others_seen_at, rate=rate, settled=settled,
+                     knee=knee, queued=queued)
+
+
+def _baseline(baseline: float | None, latency: float | None) -> float | None:
+    if latency is None or latency <= 0:
+        return baseline
+    if baseline is None:
+        return latency
+    return min(baseline * BASELINE_DRIFT, latency)
+
+
+def _too_slow(sample: Sample, baseline: float | None, target: float) -> bool:
+    return (sample.latency is not None and baseline is not None
+            and sample.latency > target * baseline)
+
+
+def signals(sample: Sample | None) -> dict:
+    """What the last sample read, as /v1/pool/status and the admin show it."""
+    if sample is None:
+        return {}
+    return {"in_flight": sample.in_flight, "server_running": sample.running,
+            "server_waiting": sample.waiting, "others": sample.others,
+            "inter_token_latency": _rounded(sample.latency),
+            "time_to_first_token": _rounded(sample.ttft)}
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)

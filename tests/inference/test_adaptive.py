@@ -1,0 +1,131 @@
+"""The adaptive concurrency controller (inference/adaptive.py) as a pure function: a
+table of sample sequences, each with the limits and modes it must set."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from inference.adaptive import HOLD_SECONDS, Limits, Mode, Sample, limit_step, start
+
+LIMITS = Limits(target=1.5, floor=2, ceiling=64)
+FULL = None  # in_flight: the batch fills the limit it was given
+
+
+@dataclass(frozen=True)
+class Look:
+    """One sample of a row: `dt` seconds after the last, the server's figures (None:
+    it reports none), the batch's in flight (FULL: the current limit)."""
+
+    running: int | None = None  # the server's running, beyond the batch's own
+    waiting: int | None = 0
+    latency: float | None = None
+    in_flight: int | None = FULL
+    dt: float = 0.5
+    others: int = 0  # requests of other clients at the server
+
+    def sample(self, at: float, limit: int) -> Sample:
+        in_flight = limit if self.in_flight is FULL else self.in_flight
+        if self.running is None and self.waiting is None:
+            return Sample(at=at, in_flight=in_flight, latency=self.latency)
+        running = in_flight + self.others if self.running is None else self.running
+        return Sample(at=at, in_flight=in_flight, running=running, waiting=self.waiting,
+                      latency=self.latency)
+
+
+ALONE = Look()
+OTHERS = Look(others=1, latency=0.010)
+BLIND = Look(waiting=None)
+
+# (what it shows, the looks, the limit after each, the mode after each, shed after each)
+TABLE = [
+    ("alone, the limit grows by half a look from the floor to the ceiling",
+     [ALONE] * 10, [3, 5, 8, 12, 18, 27, 41, 62, 64, 64], ["alone"] * 10, None),
+    ("alone, a limit the batch does not fill does not grow",
+     [Look(in_flight=1)] * 3, [2, 2, 2], ["alone"] * 3, None),
+    ("alone, a server that queues once may be between two steps: the limit holds",
+     [ALONE, ALONE, Look(waiting=3, running=2), ALONE, ALONE],
+     [3, 5, 5, 8, 12], ["alone"] * 5, None),
+    ("alone, batch requests waiting twice: the limit falls to what the server runs and"
+     " holds",
+     [ALONE, ALONE, Look(waiting=3, running=2), Look(waiting=3, running=2), ALONE, ALONE],
+     [3, 5, 5, 2, 2, 2], ["alone"] * 6, None),
+    ("alone, the token rate decides: growth while it rises by a tenth, back and hold"
+     " at the knee",
+     # rate = in flight / latency: 2/0.01=200, 3/0.01=300, 5/0.016=312 (+4%: the knee)
+     [Look(latency=0.010)] * 4 + [Look(latency=0.016)] * 4,
+     [2, 3, 3, 5, 5, 4, 4, 4], ["alone"] * 8, None),
+    ("alone, the first full sample at a new limit is not measured (its prefills)",
+     [Look(latency=0.010), Look(latency=0.010), Look(latency=0.100),
+      Look(latency=0.010)],
+     [2, 3, 3, 5], ["alone"] * 4, None),
+    ("others appear: the floor at once, the newest requests above it stopped",
+     [ALONE] * 6 + [OTHERS], [3, 5, 8, 12, 18, 27, 2], ["alone"] * 6 + ["shared"],
+     [False] * 6 + [True]),
+    ("shared, latency within the target: one more a look; beyond it: a cut by 0.7",
+     [OTHERS, Look(others=1, latency=0.012), Look(others=1, latency=0.014),
+      Look(others=1, latency=0.016), Look(others=1, latency=0.020),
+      Look(others=1, latency=0.012)],
+     [2, 3, 4, 2, 2, 3], ["shared"] * 6, [False] * 6),
+    ("shared, another client waiting at the server: a cut, never below the floor",
+     [OTHERS, OTHERS, OTHERS, OTHERS, Look(others=1, waiting=1, latency=0.010)],
+     [2, 3, 4, 5, 3], ["shared"] * 5, None),
+    ("others gone: shared for HOLD_SECONDS, then the batch takes the capacity back"
+     " (measured: growth every second full sample)",
+     [OTHERS] + [Look(latency=0.010, dt=1.0)] * int(HOLD_SECONDS - 1)
+     + [Look(latency=0.010, dt=1.0)] * 3,
+     [2, 3, 4, 5, 6, 6, 9, 9], ["shared"] * 5 + ["alone"] * 3, None),
+    ("ours counted by us and not yet by the server are not others",
+     [Look(running=1, in_flight=2), Look(running=0, waiting=1, in_flight=3)],
+     [3, 3], ["alone", "alone"], None),
+    ("no server figures: the batch's own latency takes the inter-token latency's place",
+     [Look(waiting=None, latency=0.05), Look(waiting=None, latency=0.06),
+      Look(waiting=None, latency=0.07), Look(waiting=None, latency=0.09),
+      Look(waiting=None, latency=None)],
+     [3, 4, 5, 3, 4], ["blind"] * 5, None),
+    ("a ceiling at the floor holds the limit there whatever happens",
+     [ALONE, OTHERS, ALONE], [2, 2, 2], ["alone", "shared", "shared"], None),
+]
+
+
+@pytest.mark.parametrize(("shows", "looks", "limits", "modes", "sheds"), TABLE,
+                         ids=[row[0] for row in TABLE])
+def test_the_controller_sets_these_limits_for_these_signals(shows, looks, limits, modes,
+                                                            sheds):
+    bounds = Limits(target=1.5, floor=2, ceiling=2) if "ceiling at the floor" in shows \
+        else LIMITS
+    state, at = start(bounds), 0.0
+    seen_limits, seen_modes, seen_sheds = [], [], []
+    for look in looks:
+        at += look.dt
+        state = limit_step(state, look.sample(at, state.limit), bounds)
+        seen_limits.append(state.limit)
+        seen_modes.append(state.mode.value)
+        seen_sheds.append(state.shed)
+
+    assert seen_limits == limits
+    assert seen_modes == modes
+    if sheds is not None:
+        assert seen_sheds == sheds
+
+
+def test_the_limit_starts_at_the_floor_and_stays_within_floor_and_ceiling():
+    state = start(LIMITS)
+    assert (state.limit, state.mode) == (2, Mode.START)
+    at = 0.0
+    # Any mix of figures, extreme ones included, never leaves the bounds.
+    for index in range(400):
+        at += 0.5
+        look = [ALONE, OTHERS, Look(others=5, waiting=50, latency=9.0),
+                Look(latency=0.0001), BLIND][index % 7 % 5]
+        state = limit_step(state, look.sample(at, state.limit), LIMITS)
+        assert LIMITS.floor <= state.limit <= LIMITS.ceiling
+
+
+def test_the_unloaded_latency_is_the_lowest_seen_slowly_forgotten():
+    state, at = start(LIMITS), 0.0
+    for latency in (0.020, 0.010, 0.030):
+        at += 0.5
+        state = limit_step(state, Look(latency=latency).sample(at, state.limit), LIMITS)
+    assert 0.010 < state.baseline < 0.0101  # the lowest, drifted up by a hair
