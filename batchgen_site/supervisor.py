@@ -245,11 +245,14 @@ class Supervisor:
         if self.placement is None or now - self._placed_at < PLACEMENT_INTERVAL:
             return
         self._placed_at = now
+        trees = [program_tree(p.process.pid, wait_for_engine=p.cpu_engine,
+                              service=p.group != INFERENCE_GROUP)
+                 for p in self.programs if p.process is not None and p.process.poll() is None]
+        if self.guard is not None and self.guard.process.poll() is None:
+            # The stop guard is a process of ours too: off the engines' CPUs like a service.
+            trees.append(program_tree(self.guard.process.pid, service=True))
         try:
-            self.placement.apply(program_tree(p.process.pid, wait_for_engine=p.cpu_engine,
-                                              service=p.group != INFERENCE_GROUP)
-                                 for p in self.programs
-                                 if p.process is not None and p.process.poll() is None)
+            self.placement.apply(trees)
         except Exception:  # placement is an optimisation: never stop supervising for it
             logger.exception("placing processes on CPUs failed; they keep the CPUs they have")
 
