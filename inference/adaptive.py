@@ -27,15 +27,21 @@ The policy (`limit_step`, a pure function of the last state and one sample):
    throughput, but only the throughput more in flight buys. The limit grows by GROWTH
    (slow start) while the limit binds (the batch keeps it full), the server queues
    nothing and the batch's token rate (its sequences at the server over the step
-   time, i.e. tokens/s) rose by at least KNEE_GAIN since the last growth, measured on
-   the second full sample at a limit (the first still carries the new requests'
-   prefills). When a growth bought less, the limit goes back by GROWTH and
-   holds there for the rest of the alone spell (the knee, Vegas/Gradient-style): past
-   it every step is longer for nothing, and every sequence in a step is one an
-   interactive request that arrives must wait behind. A server that keeps batch
-   requests waiting on two samples in a row already runs all it can: the limit falls
-   to what it runs, since a request waiting there adds nothing but an abort to make
-   when others come. Without a latency figure the limit grows every full sample.
+   time, i.e. tokens/s) rose by at least KNEE_GAIN since the last growth. The rate at
+   a limit is the mean over its full samples but the first (which still carries the
+   new requests' prefills): a growth whose mean shows the gain is kept at once, one
+   that does not is measured over KNEE_WINDOW samples, and only KNEE_MISSES such
+   windows in a row without the gain call the knee (one look is noise on a CPU
+   server). At the knee the limit goes back by GROWTH and holds (Vegas/Gradient-
+   style): past it every step is longer for nothing, and every sequence in a step is
+   one an interactive request that arrives must wait behind. Held, the rate at the
+   held limit is measured all along and every PROBE_SECONDS one growth step is tried
+   again against it, kept if it pays, undone by the same two windows if not (the knee
+   moves with the requests' lengths). A server that keeps batch requests waiting on
+   two samples in a row already runs all it can: the limit falls to what it runs and
+   holds (probed as the knee), since a request waiting there adds nothing but an
+   abort to make when others come. Without a latency figure the limit grows every
+   full sample (and, held, does not probe).
 2. *Shared* (another request seen at the server within HOLD_SECONDS): when others
    appear the limit drops to the floor at once (`shed`: the engine also stops the
    newest requests above it, which the server aborts, and sends them again later),
@@ -52,9 +58,11 @@ What it promises: the limit stays within [floor, ceiling]; within one sample of 
 traffic appearing at a server that reports it, the batch's in-flight requests are at
 the floor; while others stay, the server's inter-token latency settles within `target`
 times its unloaded value (or the limit at the floor); within HOLD_SECONDS plus
-2 log_GROWTH(ceiling / floor) samples of the others leaving, the batch may use the
-ceiling again, or the knee (the least limit past which a growth buys less than
-KNEE_GAIN more tokens/s) or what the server runs, whichever is first; alone, the limit
+2 log_GROWTH(ceiling / floor) samples of the others leaving (while each growth shows
+its gain at once), the batch may use the ceiling again, or the knee (the least limit
+past which a growth buys less than KNEE_GAIN more tokens/s over KNEE_MISSES windows)
+or what the server runs, whichever is first; held there, it tries one step more every
+PROBE_SECONDS; alone, the limit
 is never kept above what the server runs while batch requests wait there. The floor
 (at least 1) keeps the batch progressing under any load.
 """
@@ -78,7 +86,18 @@ BACKOFF = 0.7  # shared: the cut when the latency or the server's queue says too
 BASELINE_DRIFT = 1.002
 # Alone, a growth must raise the batch's token rate by this share to be kept: less is
 # within the noise of a few steps and is not worth the longer steps it costs others.
-KNEE_GAIN = 0.1
+KNEE_GAIN = 0.05
+# The rate is the mean over the samples at a settled limit: a growth that shows the
+# gain is kept at once (the ramp stays fast), one that does not is measured over
+# KNEE_WINDOW samples (a second at SAMPLE_SECONDS 0.25), and the knee is called only
+# when KNEE_MISSES such windows in a row miss the gain: one sample with new requests'
+# prefills in it is noise on a CPU server (measured: a single look held at 10 what
+# rose to 128, batch alone at 0.60x fixed).
+KNEE_WINDOW = 4
+KNEE_MISSES = 2
+# Held at the knee, the batch tries one growth step again this often (Gradient2 and
+# Vegas keep probing): the knee moves with the requests' lengths and with the server.
+PROBE_SECONDS = 5.0
 # A limit "binds" when the batch holds at least this share of it in flight: a limit
 # the batch does not fill tells nothing about more (Netflix's rule).
 BINDING_SHARE = 0.9
@@ -138,12 +157,16 @@ class Admission:
     baseline: float | None = None  # the unloaded inter-token latency
     others_seen_at: float | None = None
     shed: bool = False  # this step cut the limit below what is in flight: stop the newest
-    # Alone: the token rate measured at the limit before the last growth, the full
-    # samples seen at this limit, whether growth stopped (the knee or the server's
-    # capacity), and whether the server kept batch requests waiting at the last sample.
+    # Alone: the token rate measured at the limit before the last growth (the one a
+    # growth must beat), the full samples seen at this limit, whether growth stopped
+    # (the knee or the server's capacity) and since when, and whether the server kept
+    # batch requests waiting at the last sample.
     rate: float | None = None
     settled: int = 0
+    total: float = 0.0  # the sum of the rates measured at this limit (the window's)
+    misses: int = 0  # windows in a row at this limit that missed the gain
     knee: bool = False
+    held_at: float = 0.0  # when the limit last stopped growing (probes count from it)
     queued: bool = False
 
     def as_dict(self) -> dict:
@@ -183,32 +206,49 @@ def limit_step(state: Admission, sample: Sample, limits: Limits) -> Admission:
 
 def _alone(state: Admission, sample: Sample, limits: Limits, baseline: float | None,
            others_seen_at: float | None) -> Admission:
-    """Rule 1: grow while it pays, never above what the server runs."""
+    """Rule 1: grow while it pays, never above what the server runs; probe again from
+    the knee every PROBE_SECONDS."""
     fresh = state.mode is not Mode.ALONE  # a new alone spell: find the knee again
-    rate = None if fresh else state.rate
-    knee = False if fresh else state.knee
-    settled = 0 if fresh else state.settled
-    limit = state.limit
+    s = Admission(limit=state.limit) if fresh else state
+    limit, rate, knee, held_at = s.limit, s.rate, s.knee, s.held_at
+    settled, total, misses = s.settled, s.total, s.misses
     binds = sample.in_flight >= BINDING_SHARE * limit
     queued = bool(sample.waiting)
-    if queued and state.queued and not fresh:
-        limit, knee, settled = min(limit, sample.running), True, 0
-    elif queued or knee or not binds:
+    measured = None
+    if queued and s.queued and not fresh:
+        limit, knee, held_at = min(limit, sample.running), True, sample.at
+        settled, total, misses = 0, 0.0, 0
+    elif queued or not binds:
         pass
     elif sample.latency is None or sample.latency <= 0:
-        limit, settled = math.ceil(limit * GROWTH), 0
-    elif settled < 1:
-        settled += 1
+        if not knee:
+            limit, settled, total, misses = math.ceil(limit * GROWTH), 0, 0.0, 0
     else:
-        now = min(sample.in_flight, sample.running) / sample.latency
-        if rate is None or now >= rate * (1 + KNEE_GAIN):
-            limit, rate, settled = math.ceil(limit * GROWTH), now, 0
-        else:
-            limit, knee = math.ceil(limit / GROWTH), True
+        settled += 1
+        if settled > 1:  # the first full sample at a limit carries its prefills
+            total += min(sample.in_flight, sample.running) / sample.latency
+            measured = total / (settled - 1)
+    if measured is not None and knee:
+        # Held: the rate at the held limit is measured all along, the reference a
+        # probe must beat; a probe is one growth step, kept if it pays.
+        if sample.at - held_at >= PROBE_SECONDS:
+            limit, rate, knee = math.ceil(limit * GROWTH), measured, False
+            settled, total, misses = 0, 0.0, 0
+    elif measured is not None:
+        if rate is None or measured >= rate * (1 + KNEE_GAIN):
+            limit, rate = math.ceil(limit * GROWTH), measured
+            settled, total, misses = 0, 0.0, 0
+        elif settled - 1 >= KNEE_WINDOW:  # a whole window without the gain
+            misses += 1
+            settled, total = 1, 0.0  # measure a second window (no prefill to skip)
+            if misses >= KNEE_MISSES:
+                limit, knee, held_at = math.ceil(limit / GROWTH), True, sample.at
+                settled, total, misses = 0, 0.0, 0
     limit = min(max(limit, limits.floor), limits.ceiling)
     return Admission(limit=limit, mode=Mode.ALONE, baseline=baseline,
                      others_seen_at=others_seen_at, rate=rate, settled=settled,
-                     knee=knee, queued=queued)
+                     total=total, misses=misses, knee=knee, held_at=held_at,
+                     queued=queued)
 
 
 def _baseline(baseline: float | None, latency: float | None) -> float | None:

@@ -51,11 +51,25 @@ TABLE = [
      " holds",
      [ALONE, ALONE, Look(waiting=3, running=2), Look(waiting=3, running=2), ALONE, ALONE],
      [3, 5, 5, 2, 2, 2], ["alone"] * 6, None),
-    ("alone, the token rate decides: growth while it rises by a tenth, back and hold"
-     " at the knee",
-     # rate = in flight / latency: 2/0.01=200, 3/0.01=300, 5/0.016=312 (+4%: the knee)
-     [Look(latency=0.010)] * 4 + [Look(latency=0.016)] * 4,
-     [2, 3, 3, 5, 5, 4, 4, 4], ["alone"] * 8, None),
+    ("alone, the token rate decides: growth while it rises by a twentieth; two whole"
+     " windows without it: back and hold at the knee",
+     # rate = in flight / latency: 2/0.01=200, 3/0.01=300, 5/0.016=312 (+4%: a miss),
+     # measured over KNEE_WINDOW samples twice after the one with the prefills
+     [Look(latency=0.010)] * 4 + [Look(latency=0.016)] * 11,
+     [2, 3, 3, 5] + [5] * 8 + [4, 4, 4], ["alone"] * 15, None),
+    ("alone, one window without the gain is not the knee: a second that shows it grows",
+     [Look(latency=0.010)] * 4 + [Look(latency=0.016)] * 5 + [Look(latency=0.010)],
+     [2, 3, 3, 5] + [5] * 5 + [8], ["alone"] * 10, None),
+    ("alone, held at the knee: a probe after PROBE_SECONDS grows one step, kept when"
+     " the rate rose",
+     # the knee at 4 at 6.5 s; the rate at 4 measured meanwhile (400); the probe at
+     # 11.5 s to 6, 6/0.01=600: growth again
+     [Look(latency=0.010)] * 4 + [Look(latency=0.016)] * 9 + [Look(latency=0.010)] * 12,
+     [2, 3, 3, 5] + [5] * 8 + [4] * 10 + [6, 6, 9], ["alone"] * 25, None),
+    ("alone, a probe that does not pay goes back to the knee and holds again",
+     # at 4: 4/0.016=250; the probe to 6 at 0.024: 250 again, two windows: back to 4
+     [Look(latency=0.010)] * 4 + [Look(latency=0.016)] * 19 + [Look(latency=0.024)] * 10,
+     [2, 3, 3, 5] + [5] * 8 + [4] * 10 + [6] * 9 + [4, 4], ["alone"] * 33, None),
     ("alone, the first full sample at a new limit is not measured (its prefills)",
      [Look(latency=0.010), Look(latency=0.010), Look(latency=0.100),
       Look(latency=0.010)],
