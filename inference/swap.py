@@ -47,7 +47,7 @@ from django.utils import timezone
 
 from core.outage import noted_outage
 from core.publishing import publish
-from fleet import services as residency
+from fleet import services as fleet_services
 from inference.database import WorkerDatabase
 from inference.engines import EngineConfigError
 
@@ -123,10 +123,10 @@ class ModelSwapper:
         while not self._stopped():
             try:
                 if not joined:
-                    runtime.database.call(residency.residency_join, worker=runtime.name,
+                    runtime.database.call(fleet_services.residency_join, worker=runtime.name,
                                           cannot_start=self.cannot_start)
                     joined = True
-                assigned = runtime.database.call(residency.residency_assigned,
+                assigned = runtime.database.call(fleet_services.residency_assigned,
                                                  worker=runtime.name)
                 if assigned is None:
                     joined = False  # forgotten (a long outage): join again
@@ -164,7 +164,7 @@ class ModelSwapper:
         except Exception as exc:
             self._settle()
             if swap_id is not None:
-                runtime.database.call(residency.swap_record, swap_id=swap_id,
+                runtime.database.call(fleet_services.swap_record, swap_id=swap_id,
                                       started_at=started_at, finished_at=timezone.now(),
                                       drain_seconds=drained - began, seconds=None,
                                       error=str(exc))
@@ -179,7 +179,7 @@ class ModelSwapper:
                     "%.1f s, start %.1f s)", held, model, time.monotonic() - began,
                     drained - began, stop_seconds, seconds - stop_seconds)
         if swap_id is not None:
-            runtime.database.call(residency.swap_record, swap_id=swap_id,
+            runtime.database.call(fleet_services.swap_record, swap_id=swap_id,
                                   started_at=started_at, finished_at=timezone.now(),
                                   drain_seconds=drained - began, seconds=seconds)
             self._show(swap_id, previous, model)
@@ -204,7 +204,7 @@ class ModelSwapper:
             logger.error("model %s cannot start on this worker with these settings, and is "
                          "not given it again; it serves the other models: %s", model, error)
             self.cannot_start[model] = str(error)
-            runtime.database.call(residency.residency_cannot_start, worker=runtime.name,
+            runtime.database.call(fleet_services.residency_cannot_start, worker=runtime.name,
                                   model=model, error=str(error))
             return
         tries = self.start_failures[model] = self.start_failures.get(model, 0) + 1

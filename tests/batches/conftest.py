@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from batches import services
 from batches.intake import intake_reserved
-from batches.models import Batch
+from batches.models import Batch, Chunk
+from files import storage
 from tests.conftest import chat_line, jsonl
 
 
@@ -40,6 +42,28 @@ def running_batch(create_batch, settings, django_capture_on_commit_callbacks):
         return batch
 
     return _running
+
+
+@pytest.fixture
+def finished_batch(runtime_factory, upload, settings):
+    """Upload `lines`, validate them into chunks of `chunk_size`, run every chunk on a
+    simulated runtime and finalize: the batch row and its output lines, parsed."""
+
+    def _finished(lines: list[dict], *, endpoint: str,
+                  chunk_size: int = 3) -> tuple[Batch, list[dict]]:
+        settings.BATCHGEN_CHUNK_SIZE = chunk_size
+        file = upload(jsonl(lines))
+        batch = services.batch_create(input_file_id=file["id"], endpoint=endpoint, model="sim")
+        batch = services.batch_validate(batch_id=batch.id)
+        runtime = runtime_factory()
+        for chunk in Chunk.objects.filter(batch=batch).order_by("index"):
+            runtime.run_chunk(chunk.id)
+        services.batch_finalize(batch_id=batch.id)
+        batch.refresh_from_db()
+        path = storage.absolute(storage.incremental_name(batch.id))
+        return batch, [orjson.loads(raw) for raw in path.read_bytes().splitlines()]
+
+    return _finished
 
 
 @pytest.fixture

@@ -7,13 +7,10 @@ import asyncio
 import base64
 
 import numpy as np
-import orjson
 import pytest
 
-from batches import services
-from batches.models import BatchStatus, Chunk
+from batches.models import BatchStatus
 from batches.validation import validate_file
-from files import storage
 from inference.engines.simulated import SimulatedEngine
 from inference.slots import estimate_tokens
 from serving.endpoints import endpoint_spec
@@ -97,22 +94,12 @@ def test_the_simulated_engine_answers_one_vector_per_input_in_either_encoding():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_embeddings_batch_runs_to_completion(runtime_factory, upload, settings):
-    settings.BATCHGEN_CHUNK_SIZE = 3
-    file = upload(jsonl([line(f"e{i}", [f"text {i}", "shared"]) for i in range(5)]))
-    batch = services.batch_create(input_file_id=file["id"], endpoint=EMBEDDINGS, model="sim")
-    batch = services.batch_validate(batch_id=batch.id)
-    runtime = runtime_factory()
+def test_an_embeddings_batch_runs_to_completion(finished_batch):
+    lines = [line(f"e{i}", [f"text {i}", "shared"]) for i in range(5)]
+    batch, outputs = finished_batch(lines, endpoint=EMBEDDINGS)
 
-    for chunk in Chunk.objects.filter(batch=batch).order_by("index"):
-        runtime.run_chunk(chunk.id)
-    services.batch_finalize(batch_id=batch.id)
-
-    batch.refresh_from_db()
     assert batch.status == BatchStatus.COMPLETED
     assert (batch.total, batch.completed, batch.failed) == (5, 5, 0)
-    path = storage.absolute(storage.incremental_name(batch.id))
-    outputs = [orjson.loads(raw) for raw in path.read_bytes().splitlines()]
     for output in outputs:
         body = output["response"]["body"]
         assert body["object"] == "list" and len(body["data"]) == 2

@@ -215,26 +215,14 @@ def test_the_simulated_engine_scores_and_reranks_consistently():
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("endpoint", [RERANK, "/score"])
-def test_a_scoring_batch_runs_to_completion_and_sums_its_usage(
-        runtime_factory, upload, settings, endpoint):
-    settings.BATCHGEN_CHUNK_SIZE = 3
+def test_a_scoring_batch_runs_to_completion_and_sums_its_usage(finished_batch, endpoint):
     maker = rerank_line if "rerank" in endpoint else score_line
     lines = [{**maker(f"r{i}", documents=[f"doc {i}", "shared"]), "url": endpoint}
              for i in range(5)]
-    file = upload(jsonl(lines))
-    batch = services.batch_create(input_file_id=file["id"], endpoint=endpoint, model="sim")
-    batch = services.batch_validate(batch_id=batch.id)
-    runtime = runtime_factory()
+    batch, outputs = finished_batch(lines, endpoint=endpoint)
 
-    for chunk in Chunk.objects.filter(batch=batch).order_by("index"):
-        runtime.run_chunk(chunk.id)
-    services.batch_finalize(batch_id=batch.id)
-
-    batch.refresh_from_db()
     assert batch.status == BatchStatus.COMPLETED
     assert (batch.total, batch.completed, batch.failed) == (5, 5, 0)
-    path = storage.absolute(storage.incremental_name(batch.id))
-    outputs = [orjson.loads(raw) for raw in path.read_bytes().splitlines()]
     usages = [output["response"]["body"]["usage"] for output in outputs]
     assert all("completion_tokens" not in usage for usage in usages)
     assert batch.usage_input_tokens == sum(usage["prompt_tokens"] for usage in usages) > 0

@@ -137,12 +137,12 @@ def test_a_database_outage_pauses_the_swapper_and_it_swaps_once_the_database_ans
     from django.db import OperationalError
 
     from core import outage
-    from fleet import services as residency
+    from fleet import services as fleet_services
     from inference import swap
 
     monkeypatch.setattr(outage, "_down", {})
     monkeypatch.setattr(swap, "OUTAGE_POLL_SECONDS", 0.05)
-    real = residency.residency_assigned
+    real = fleet_services.residency_assigned
     refused = OperationalError('connection failed: connection to server at "127.0.0.1", '
                                "port 5432 failed: Connection refused")
     down = {"reads": 0, "until": 5}
@@ -153,7 +153,7 @@ def test_a_database_outage_pauses_the_swapper_and_it_swaps_once_the_database_ans
             raise refused
         return real(**kwargs)
 
-    monkeypatch.setattr(residency, "residency_assigned", assigned)
+    monkeypatch.setattr(fleet_services, "residency_assigned", assigned)
     runtime = multiplexing_runtime
 
     # When: the swapper starts while the database refuses connections, then answers
