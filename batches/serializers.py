@@ -339,6 +339,9 @@ class AdaptiveConcurrencySerializer(serializers.Serializer):
     shed_total = serializers.IntegerField(help_text="requests stopped by cuts and sent again")
     baseline_latency = serializers.FloatField(
         allow_null=True, help_text="the server's unloaded inter-token latency (s)")
+    hold_seconds = serializers.FloatField(
+        required=False, help_text="how long the shared rule outlasts other traffic's last "
+        "request: twice its longest recent pause, 30-120 s")
     signals = serializers.DictField(help_text="what the last look read: in_flight, "
                                     "server_running, server_waiting, others, "
                                     "inter_token_latency, time_to_first_token (s)")

@@ -221,6 +221,7 @@ class AdaptiveConcurrency(BaseObject):
     waiting_at_gate: int
     shed_total: int
     baseline_latency: float | None
+    hold_seconds: float | None = None
     signals: dict[str, Any]
 
 

@@ -19,7 +19,9 @@ Scenarios run one after the other in the same run:
   requests/s are its completed lines over each window; it is then cancelled, and the
   next scenario waits for vllm serve to run nothing;
 - the batch alone: the same batch with no interactive client, WARMUP seconds after
-  its start, for its idle throughput.
+  its start, for its idle throughput. These two run first: the adaptive batch alone
+  is then one that never saw other traffic (after some, its controller keeps to the
+  shared rule for the hold: inference/adaptive.py).
 
 Goals (issue 34): interactive TTFT p99 with the adaptive batch at most 1.5x the
 baseline (interactive alone), the adaptive batch alone at least 0.9x the fixed one's
@@ -168,6 +170,7 @@ class LimitWatch:
 
     def __init__(self, batch: Batch) -> None:
         self.batch, self.limits, self.modes = batch, [], {}
+        self.holds, self.shed = [], []
         self._task: asyncio.Task | None = None
 
     async def _watch(self) -> None:
@@ -175,6 +178,8 @@ class LimitWatch:
             for worker in await asyncio.to_thread(self.batch.admission):
                 self.limits.append(worker["limit"])
                 self.modes[worker["mode"]] = self.modes.get(worker["mode"], 0) + 1
+                self.holds.append(worker.get("hold_seconds"))
+                self.shed.append(worker["shed_total"])
             await asyncio.sleep(1.0)
 
     async def during(self, coroutine):
@@ -187,8 +192,11 @@ class LimitWatch:
     def summary(self) -> dict | None:
         if not self.limits:
             return None
+        holds = [hold for hold in self.holds if hold is not None]
         return {"limit_min": min(self.limits), "limit_median": statistics.median(self.limits),
-                "limit_max": max(self.limits), "modes": self.modes}
+                "limit_max": max(self.limits), "modes": self.modes,
+                "hold_s_max": max(holds) if holds else None,
+                "stopped_by_cuts": self.shed[-1] - self.shed[0]}
 
 
 async def batch_joins(work, batch: Batch):
@@ -286,16 +294,19 @@ def main() -> None:
             servers.append(adaptive)
             batches = {"fixed": Batch(fixed, input_path), "adaptive": Batch(adaptive, input_path)}
             print("vllm serve and both BatchGen servers up", flush=True)
+            # The batch alone first: the adaptive one before it has seen any other
+            # traffic (after some, it keeps to the shared rule for the hold, 30-120 s;
+            # the fixed batch is other traffic to it, too).
+            for key in ("adaptive", "fixed"):
+                print(f"batch {key} alone ...", flush=True)
+                results[f"batch_alone_{key}"] = scenario(vllm, batches[key], args.window,
+                                                         patterns=("none",))["none"]
             both = ("steady", "bursts")
             for key, batch in [("alone", None), ("fixed", batches["fixed"]),
                                ("adaptive", batches["adaptive"])]:
                 print(f"interactive, batch {key} ...", flush=True)
                 results[f"interactive_{key}"] = scenario(vllm, batch, args.window,
                                                          patterns=both)
-            for key in ("fixed", "adaptive"):
-                print(f"batch {key} alone ...", flush=True)
-                results[f"batch_alone_{key}"] = scenario(vllm, batches[key], args.window,
-                                                         patterns=("none",))["none"]
         finally:
             for server in reversed(servers):
                 server.stop()

@@ -23,7 +23,7 @@ The anchors, and what is taken from each:
 
 The policy (`limit_step`, a pure function of the last state and one sample):
 
-1. *Alone* (no other request at the server for HOLD_SECONDS): the batch wants
+1. *Alone* (no other request at the server for the hold, below): the batch wants
    throughput, but only the throughput more in flight buys. The limit grows by GROWTH
    (slow start) while the limit binds (the batch keeps it full), the server queues
    nothing and the batch's token rate (its sequences at the server over the step
@@ -42,22 +42,39 @@ The policy (`limit_step`, a pure function of the last state and one sample):
    holds (probed as the knee), since a request waiting there adds nothing but an
    abort to make when others come. Without a latency figure the limit grows every
    full sample (and, held, does not probe).
-2. *Shared* (another request seen at the server within HOLD_SECONDS): when others
+2. *Shared* (another request seen at the server within the hold): when others
    appear the limit drops to the floor at once (`shed`: the engine also stops the
    newest requests above it, which the server aborts, and sends them again later),
    because a request already running holds its place in every step until it ends.
    From there it grows by one a sample while the server's inter-token latency stays
    within `target` times its baseline and nothing waits at the server, and falls by
    BACKOFF when either is broken (AIMD around a Gradient2 tolerance).
+   *The hold* is how long the shared rule outlasts the last request of others seen:
+   interactive traffic pauses and comes back, and a batch that grew to the knee in a
+   pause meets the next request with all of it running (measured on a CPU: bursts of
+   4 every 10 s at 5.96x their TTFT alone, with a 5 s hold). So the controller
+   remembers the traffic's rhythm: each time others appear after a quiet spell, the
+   spell's length is kept as `rhythm` if it is the longest recent one (a longer one
+   remembered before counts RHYTHM_DECAY times less at each return); a spell longer
+   than HOLD_CAP is no rhythm (the traffic had gone) and clears it. The hold is
+   RHYTHM_FACTOR times the rhythm, at least HOLD_SECONDS (a pause shorter than half a
+   minute is not a departure; the first pause of a new rhythm cannot be known before
+   it ends), at most HOLD_CAP.
 3. *No server figures* (a server without `/metrics`, or not vLLM's): other traffic
    cannot be seen, so the batch's own time per output token, measured on its own
    requests, takes the inter-token latency's place and rule 2 applies always: a batch
    alone then runs below its best throughput, the price of not knowing.
 
 What it promises: the limit stays within [floor, ceiling]; within one sample of other
-traffic appearing at a server that reports it, the batch's in-flight requests are at
-the floor; while others stay, the server's inter-token latency settles within `target`
-times its unloaded value (or the limit at the floor); within HOLD_SECONDS plus
+traffic appearing at a server that reports it after the hold ran out, the batch's
+in-flight requests are at the floor; while others stay or come back within the hold,
+the shared rule holds: the server's inter-token latency settles within `target` times
+its unloaded value (or the limit at the floor), and a pause in their traffic is not
+used to grow past that. What the batch gives up for it: after the others' last
+request it keeps to the shared rule's limit for the hold, HOLD_SECONDS (30 s) for
+traffic that never paused longer than 15 s, up to HOLD_CAP (120 s) for traffic that
+came back after pauses of a minute or more. A batch that never saw other traffic
+gives up nothing. Within the hold plus
 2 log_GROWTH(ceiling / floor) samples of the others leaving (while each growth shows
 its gain at once), the batch may use the ceiling again, or the knee (the least limit
 past which a growth buys less than KNEE_GAIN more tokens/s over KNEE_MISSES windows)
@@ -74,10 +91,20 @@ import math
 from dataclasses import dataclass
 
 # After the last request of another client is seen, the batch keeps to the shared rule
-# this long: interactive traffic at one request a second is at the server about a
-# third of the time, and a limit that rose between two requests would meet the next
-# one with the full batch running.
-HOLD_SECONDS = 5.0
+# at least this long: interactive traffic at one request a second is at the server
+# about a third of the time, and a limit that rose between two requests would meet
+# the next one with the full batch running; a pause of under half a minute is one a
+# client's next request (a user's next question, the next burst) often ends.
+HOLD_SECONDS = 30.0
+# The hold is this many times the longest recent pause of the others' traffic (its
+# rhythm), so that a pause like the last ones ends inside it...
+RHYTHM_FACTOR = 2.0
+# ... and at most this long: a pause longer than this is the traffic gone, not its
+# rhythm, and a batch whose neighbours left takes the capacity back within it.
+HOLD_CAP = 120.0
+# A longer pause remembered counts this many times less at each return of the
+# others (steady traffic after bursts shortens the hold within a few requests).
+RHYTHM_DECAY = 0.8
 GROWTH = 1.5  # alone: the limit's growth a sample (256 from 1 in 14 samples, 3.5 s)
 BACKOFF = 0.7  # shared: the cut when the latency or the server's queue says too many
 # The unloaded latency is forgotten this fast (a sample's factor): a server that got
@@ -106,7 +133,7 @@ BINDING_SHARE = 0.9
 class Mode(enum.StrEnum):
     START = "start"  # no sample yet
     ALONE = "alone"  # no other traffic at the server
-    SHARED = "shared"  # other traffic at the server within HOLD_SECONDS
+    SHARED = "shared"  # other traffic at the server within the hold
     BLIND = "blind"  # no server figures: the batch's own latency alone
 
 
@@ -156,6 +183,11 @@ class Admission:
     mode: Mode = Mode.START
     baseline: float | None = None  # the unloaded inter-token latency
     others_seen_at: float | None = None
+    # The others' rhythm: the longest recent pause between their requests (s; None:
+    # none seen yet, or the last pause was their departure), and whether the last
+    # sample saw them (a sample that does after one that did not ends a pause).
+    rhythm: float | None = None
+    present: bool = False
     shed: bool = False  # this step cut the limit below what is in flight: stop the newest
     # Alone: the token rate measured at the limit before the last growth (the one a
     # growth must beat), the full samples seen at this limit, whether growth stopped
@@ -172,7 +204,30 @@ class Admission:
     def as_dict(self) -> dict:
         return {"limit": self.limit, "mode": self.mode.value,
                 "baseline_latency": None if self.baseline is None else round(self.baseline, 4),
-                "shed": self.shed, "knee": self.knee}
+                "shed": self.shed, "knee": self.knee, "hold_seconds": self.hold}
+
+    @property
+    def hold(self) -> float:
+        """How long the shared rule outlasts the others' last request (s)."""
+        return hold_seconds(self.rhythm)
+
+
+def hold_seconds(rhythm: float | None) -> float:
+    """RHYTHM_FACTOR times the rhythm, within [HOLD_SECONDS, HOLD_CAP]."""
+    if rhythm is None:
+        return HOLD_SECONDS
+    return min(HOLD_CAP, max(HOLD_SECONDS, RHYTHM_FACTOR * rhythm))
+
+
+def _rhythm(state: Admission, sample: Sample) -> float | None:
+    """The rhythm after `sample`: a pause that ends now is kept if it is the longest
+    recent one, cleared if it was longer than HOLD_CAP (the others had gone)."""
+    if not sample.others or state.present or state.others_seen_at is None:
+        return state.rhythm
+    pause = sample.at - state.others_seen_at
+    if pause > HOLD_CAP:
+        return None
+    return max(pause, (state.rhythm or 0.0) * RHYTHM_DECAY)
 
 
 def start(limits: Limits) -> Admission:
@@ -183,8 +238,12 @@ def start(limits: Limits) -> Admission:
 def limit_step(state: Admission, sample: Sample, limits: Limits) -> Admission:
     """The next state after `sample` (the rules of the module's docstring)."""
     baseline = _baseline(state.baseline, sample.latency)
+    rhythm = _rhythm(state, sample)
     others_seen_at = sample.at if sample.others else state.others_seen_at
-    shared = others_seen_at is not None and sample.at - others_seen_at < HOLD_SECONDS
+    shared = (others_seen_at is not None
+              and sample.at - others_seen_at < hold_seconds(rhythm))
+    memory = {"others_seen_at": others_seen_at, "rhythm": rhythm,
+              "present": bool(sample.others)}
     if not sample.reports:
         mode = Mode.BLIND
     else:
@@ -192,7 +251,7 @@ def limit_step(state: Admission, sample: Sample, limits: Limits) -> Admission:
     limit = state.limit
     shed = False
     if mode is Mode.ALONE:
-        return _alone(state, sample, limits, baseline, others_seen_at)
+        return _alone(state, sample, limits, baseline, memory)
     if mode is Mode.SHARED and state.mode is not Mode.SHARED:
         limit, shed = limits.floor, sample.in_flight > limits.floor
     elif _too_slow(sample, baseline, limits.target) or sample.waiting:
@@ -200,12 +259,11 @@ def limit_step(state: Admission, sample: Sample, limits: Limits) -> Admission:
     elif sample.in_flight >= BINDING_SHARE * limit:
         limit += 1
     limit = min(max(limit, limits.floor), limits.ceiling)
-    return Admission(limit=limit, mode=mode, baseline=baseline,
-                     others_seen_at=others_seen_at, shed=shed)
+    return Admission(limit=limit, mode=mode, baseline=baseline, shed=shed, **memory)
 
 
 def _alone(state: Admission, sample: Sample, limits: Limits, baseline: float | None,
-           others_seen_at: float | None) -> Admission:
+           memory: dict) -> Admission:
     """Rule 1: grow while it pays, never above what the server runs; probe again from
     the knee every PROBE_SECONDS."""
     fresh = state.mode is not Mode.ALONE  # a new alone spell: find the knee again
@@ -245,10 +303,9 @@ def _alone(state: Admission, sample: Sample, limits: Limits, baseline: float | N
                 limit, knee, held_at = math.ceil(limit / GROWTH), True, sample.at
                 settled, total, misses = 0, 0.0, 0
     limit = min(max(limit, limits.floor), limits.ceiling)
-    return Admission(limit=limit, mode=Mode.ALONE, baseline=baseline,
-                     others_seen_at=others_seen_at, rate=rate, settled=settled,
-                     total=total, misses=misses, knee=knee, held_at=held_at,
-                     queued=queued)
+    return Admission(limit=limit, mode=Mode.ALONE, baseline=baseline, rate=rate,
+                     settled=settled, total=total, misses=misses, knee=knee,
+                     held_at=held_at, queued=queued, **memory)
 
 
 def _baseline(baseline: float | None, latency: float | None) -> float | None:

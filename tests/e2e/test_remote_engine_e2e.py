@@ -13,6 +13,7 @@ import threading
 import httpx
 import pytest
 
+from inference.adaptive import HOLD_SECONDS
 from tests.e2e.harness import wait_until
 from tests.e2e.vllm_server import VllmServer
 
@@ -104,7 +105,9 @@ def test_a_batch_survives_the_vllm_server_restarting_mid_batch(start_server, vll
     assert "requests retry for up to" in log and "answers again after" in log
 
 
-ADAPTIVE_REQUESTS = 160
+# Enough that the batch still runs when the hold after the interactive client ends
+# (HOLD_SECONDS, 30 s at the shared rule's few requests) has passed.
+ADAPTIVE_REQUESTS = 400
 
 
 def admission(api) -> dict | None:
@@ -160,14 +163,15 @@ def test_the_batch_makes_room_for_interactive_traffic_and_takes_it_back(start_se
                             timeout=60, interval=0.2, message="the batch to see the others")
         assert shared["limit"] < alone["limit"]
         assert shared["shed_total"] >= 1
+        assert shared["hold_seconds"] == HOLD_SECONDS  # back to back: no pause to learn
     finally:
         stop.set()
         client.join(120)
     assert answered and set(answered) == {200}
 
-    # When it leaves, the batch takes the capacity back.
+    # When it leaves, the batch takes the capacity back once the hold has passed.
     wait_until(lambda: (a := admission(api)) and a["mode"] == "alone"
-               and a["limit"] > shared["limit"], timeout=60, interval=0.2,
+               and a["limit"] > shared["limit"], timeout=HOLD_SECONDS + 60, interval=0.2,
                message="the batch to take the capacity back")
 
     # And every line exactly once, none failed, the stopped ones sent again.

@@ -7,7 +7,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from inference.adaptive import HOLD_SECONDS, Limits, Mode, Sample, limit_step, start
+from inference.adaptive import (
+    HOLD_CAP,
+    HOLD_SECONDS,
+    Limits,
+    Mode,
+    Sample,
+    limit_step,
+    start,
+)
 
 LIMITS = Limits(target=1.5, floor=2, ceiling=64)
 FULL = None  # in_flight: the batch fills the limit it was given
@@ -24,19 +32,31 @@ class Look:
     in_flight: int | None = FULL
     dt: float = 0.5
     others: int = 0  # requests of other clients at the server
+    # A CPU server's step grows with the sequences in it: seconds added to `latency`
+    # for each one running.
+    per_sequence: float = 0.0
 
     def sample(self, at: float, limit: int) -> Sample:
         in_flight = limit if self.in_flight is FULL else self.in_flight
+        latency = self.latency
+        if latency is not None:
+            latency += self.per_sequence * (in_flight + self.others)
         if self.running is None and self.waiting is None:
-            return Sample(at=at, in_flight=in_flight, latency=self.latency)
+            return Sample(at=at, in_flight=in_flight, latency=latency)
         running = in_flight + self.others if self.running is None else self.running
         return Sample(at=at, in_flight=in_flight, running=running, waiting=self.waiting,
-                      latency=self.latency)
+                      latency=latency)
 
 
 ALONE = Look()
 OTHERS = Look(others=1, latency=0.010)
 BLIND = Look(waiting=None)
+# A CPU-like server: 10 ms a step and 1 ms more a sequence. The shared rule (target
+# 1.5 over the unloaded 12 ms at 2 sequences) settles at 6-9 sequences; alone, the
+# token rate n / (10 + n) ms still gains a twentieth up to about 60.
+CPU = Look(latency=0.010, per_sequence=0.001, dt=1.0)
+BURST = Look(latency=0.010, per_sequence=0.001, others=4, dt=1.0)
+CPU_4S = Look(latency=0.010, per_sequence=0.001, dt=4.0)  # looks 4 s apart (shorter rows)
 
 # (what it shows, the looks, the limit after each, the mode after each, shed after each)
 TABLE = [
@@ -89,7 +109,31 @@ TABLE = [
      " (measured: growth every second full sample)",
      [OTHERS] + [Look(latency=0.010, dt=1.0)] * int(HOLD_SECONDS - 1)
      + [Look(latency=0.010, dt=1.0)] * 3,
-     [2, 3, 4, 5, 6, 6, 9, 9], ["shared"] * 5 + ["alone"] * 3, None),
+     [2, *range(3, 32), 31, 47, 47], ["shared"] * 30 + ["alone"] * 3, None),
+    ("bursts every 10 s (CPU-like server): the first cuts to the floor; the pauses end"
+     " within the hold, so between bursts the batch keeps to the shared rule's level"
+     " (6-10 here, where alone it grows to 59), never alone, no cut at a burst",
+     [CPU] * 3 + ([BURST] + [CPU] * 9) * 4,
+     [2, 3, 3] + [2, 3, 4, 5, 6, 7, 8, 9, 6, 7] + [4, 5, 6, 7, 8, 9] + [6, 7, 8, 9] * 3
+     + [6, 7] + [4, 5, 6, 7, 8, 9, 10, 7, 8, 9],
+     ["alone"] * 3 + ["shared"] * 40, [False] * 3 + [True] + [False] * 39),
+    ("bursts every 40 s: the first pause outlasts HOLD_SECONDS and the batch alone"
+     " grows (to 59); the burst after it teaches the rhythm (hold 2 x 39 s): from then"
+     " on the shared rule's level between bursts",
+     [CPU] * 3 + ([BURST] + [CPU] * 39) * 2 + [BURST] + [CPU] * 9,
+     [2, 3, 3] + [2, 3, 4, 5, 6, 7, 8, 9] + [6, 7, 8, 9] * 5 + [6, 7]
+     + [7, 11, 11, 17, 17, 26, 26, 39, 39, 59] + [2, 3, 4, 5, 6, 7, 8, 9]
+     + [6, 7, 8, 9] * 6 + [10, 7, 8, 9] * 2 + [6, 7, 8, 9, 10, 7, 8, 9, 10, 7],
+     ["alone"] * 3 + ["shared"] * 30 + ["alone"] * 10 + ["shared"] * 50,
+     [False] * 3 + [True] + [False] * 39 + [True] + [False] * 49),
+    ("traffic gone for long: after pauses of 60 s the hold is HOLD_CAP (120 s); once"
+     " that passes without others the batch is alone and grows back to the ceiling",
+     [CPU] * 3 + [BURST] + [CPU_4S] * 15 + [BURST] + [CPU_4S] * 30 + [CPU] * 12,
+     [2, 3, 3] + [2, 3, 4, 5, 6, 7, 8, 9] + [9, 14, 14, 21, 21, 32, 32, 48]
+     + [2, 3, 4, 5, 6, 7, 8, 9] + [6, 7, 8, 9] * 5 + [6, 7]
+     + [7, 11, 11, 17, 17, 26, 26, 39, 39, 59, 59, 64, 64],
+     ["alone"] * 3 + ["shared"] * 8 + ["alone"] * 8 + ["shared"] * 30 + ["alone"] * 13,
+     None),
     ("ours counted by us and not yet by the server are not others",
      [Look(running=1, in_flight=2), Look(running=0, waiting=1, in_flight=3)],
      [3, 3], ["alone", "alone"], None),
@@ -143,3 +187,29 @@ def test_the_unloaded_latency_is_the_lowest_seen_slowly_forgotten():
         at += 0.5
         state = limit_step(state, Look(latency=latency).sample(at, state.limit), LIMITS)
     assert 0.010 < state.baseline < 0.0101  # the lowest, drifted up by a hair
+
+
+def test_the_hold_is_twice_the_longest_recent_pause_within_its_bounds():
+    """A pause of the others' traffic is learnt when they come back; a longer one
+    remembered fades at each return; a pause longer than HOLD_CAP is a departure."""
+    state, at, holds = start(LIMITS), 0.0, []
+
+    def look(others: int, dt: float) -> None:
+        nonlocal state, at
+        at += dt
+        state = limit_step(state, Look(others=others, latency=0.010).sample(
+            at, state.limit), LIMITS)
+
+    look(0, 1.0)
+    holds.append(state.hold)  # no other traffic ever: the least hold
+    look(1, 1.0), look(0, 1.0), look(1, 39.0)
+    holds.append(state.hold)  # back after 40 s: twice that
+    for _ in range(5):  # then a request a second: the 40 s pause fades
+        look(0, 0.5), look(1, 0.5)
+        holds.append(state.hold)
+    look(0, 1.0), look(1, 69.0)
+    holds.append(state.hold)  # back after 70 s: the cap
+    look(0, 1.0), look(1, HOLD_CAP + 9)
+    holds.append(state.hold)  # back after more than the cap: a departure, forgotten
+    assert holds == pytest.approx([HOLD_SECONDS, 80.0, 64.0, 51.2, 40.96, 32.768,
+                                   HOLD_SECONDS, HOLD_CAP, HOLD_SECONDS])

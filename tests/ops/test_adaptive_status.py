@@ -51,6 +51,7 @@ def test_the_limit_and_its_signals_show_in_pool_status_metrics_and_admin(
         "worker": "host-a:1:1", "model": "m", "limit": 2, "mode": "shared",
         "source": "metrics", "floor": 2, "ceiling": 64, "target": 1.5, "in_flight": 0,
         "waiting_at_gate": 0, "shed_total": 0, "baseline_latency": None,
+        "hold_seconds": 30.0,
         "signals": {"in_flight": 0, "server_running": 5, "server_waiting": 1, "others": 6,
                     "inter_token_latency": None, "time_to_first_token": None}}
     labels = (("hostname", "host-a"), ("worker", "host-a:1:1"))
