@@ -47,6 +47,8 @@ ADAPTIVE_GAUGES = [
      "The engine server's mean inter-token latency at the last look"),
     ("baseline_latency", "baseline_latency_seconds",
      "The engine server's unloaded inter-token latency, as the controller remembers it"),
+    ("hold_seconds", "hold_seconds",
+     "How long after other traffic was last seen the batch keeps to the shared rule"),
 ]
 
 

@@ -58,6 +58,7 @@ def test_the_limit_and_its_signals_show_in_pool_status_metrics_and_admin(
     assert metrics[("batchgen_adaptive_limit", labels)] == 2
     assert metrics[("batchgen_adaptive_server_running", labels)] == 5
     assert metrics[("batchgen_adaptive_other_requests", labels)] == 6
+    assert metrics[("batchgen_adaptive_hold_seconds", labels)] == 30.0
     assert ("batchgen_adaptive_inter_token_latency_seconds", labels) not in metrics
     assert not [key for key in metrics if key[0].startswith("batchgen_adaptive")
                 and ("worker", "host-b:2:1") in key[1]]
