@@ -390,8 +390,7 @@ def _compose_segments(store, batch_id: str) -> _StoredOutput:
                 batch_id, len(counted), composed.size, composed.copied_parts)
 
     def delete_segments() -> None:
-        for leftover in store.names(f"incremental/{batch_id}/"):
-            store.delete(leftover)
+        store.delete_many(list(store.names(f"incremental/{batch_id}/")))
 
     transaction.on_commit(delete_segments, robust=True)
     return _StoredOutput(store, name)

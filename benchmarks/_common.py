@@ -39,7 +39,8 @@ DEFAULT_MODEL = ROOT / "storage" / "models" / "SmolLM2-135M-Instruct"
 MiB = 1024 * 1024
 
 __all__ = [
-    "Api", "DEFAULT_MODEL", "MiB", "PySpy", "ROOT", "RssSampler", "Server", "machine_info",
+    "Api", "DEFAULT_MODEL", "MiB", "PySpy", "ROOT", "RssSampler", "Server", "drive_batch",
+    "machine_info",
     "mark_start", "mib", "print_table", "ratios_by_round", "run_rounds", "running_server",
     "scratch_dir", "server_env", "server_env_arg", "summarize_rounds",
     "server_processes", "server_timeline", "wait_for_quiet", "wait_until", "write_results",
@@ -273,6 +274,52 @@ def running_server(storage: Path, *, engine: str = "simulated", args: list[str] 
         yield server
     finally:
         server.stop()
+
+
+def drive_batch(http, path: Path, *, poll: float, timeout: float,
+                endpoint: str = "/v1/chat/completions",
+                during: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+                ) -> dict:
+    """Upload `path`, create a batch of it, poll until it ends, download its output:
+    a user's whole flow over HTTP (`http`: an httpx.Client on the server). `during`
+    wraps the run from the create to the end (a profiler). Returns the phases'
+    seconds, the final batch and the output's bytes; raises unless completed."""
+    t0 = time.perf_counter()
+    with path.open("rb") as fh:
+        file = http.post("/v1/files", data={"purpose": "batch"},
+                         files={"file": (path.name, fh, "application/jsonl")})
+    file.raise_for_status()
+    t_uploaded = time.perf_counter()
+    with during():
+        response = http.post("/v1/batches", json={"input_file_id": file.json()["id"],
+                                                  "endpoint": endpoint,
+                                                  "completion_window": "24h"})
+        response.raise_for_status()
+        batch = response.json()
+        t_in_progress = None
+        deadline = time.monotonic() + timeout
+        while batch["status"] not in ("completed", "failed", "cancelled", "expired"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"batch not done after {timeout} s: "
+                                   f"{batch['request_counts']}")
+            time.sleep(poll)
+            batch = http.get(f"/v1/batches/{batch['id']}").json()
+            if t_in_progress is None and batch["status"] != "validating":
+                t_in_progress = time.perf_counter()
+        t_completed = time.perf_counter()
+    if batch["status"] != "completed":
+        raise RuntimeError(f"batch ended {batch['status']}: {batch.get('error')}")
+    content = http.get(f"/v1/files/{batch['output_file_id']}/content")
+    content.raise_for_status()
+    t_downloaded = time.perf_counter()
+    return {
+        "upload_s": round(t_uploaded - t0, 3),
+        "create_to_in_progress_s": round((t_in_progress or t_completed) - t_uploaded, 3),
+        "in_progress_to_completed_s": round(t_completed - (t_in_progress or t_uploaded), 3),
+        "download_s": round(t_downloaded - t_completed, 3),
+        "end_to_end_s": round(t_downloaded - t0, 3),
+        "batch": batch, "content": content.content,
+    }
 
 
 def server_processes(server: Server) -> dict[str, list[psutil.Process]]:

@@ -33,6 +33,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     PySpy,
+    drive_batch,
     mark_start,
     print_table,
     running_server,
@@ -109,6 +110,14 @@ def run_baseline(path: Path, out: Path) -> dict:
 # --- BatchGen ------------------------------------------------------------------------
 
 
+def check_output(content: bytes, requests: int) -> None:
+    """Every custom_id of the input once in the output, none more."""
+    ids = [orjson.loads(line)["custom_id"] for line in content.splitlines()]
+    if len(ids) != requests or len(set(ids)) != requests:
+        raise RuntimeError(f"output holds {len(ids)} lines, {len(set(ids))} distinct ids, "
+                           f"expected {requests}")
+
+
 def run_batchgen(path: Path, storage: Path, *, requests: int, chunk_size: int | None,
                  poll: float, timeout: float, extra_env: dict[str, str],
                  profile: Path | None = None) -> dict:
@@ -119,40 +128,19 @@ def run_batchgen(path: Path, storage: Path, *, requests: int, chunk_size: int | 
             httpx.Client(base_url=server.base_url, timeout=600) as http:
         noise = wait_for_quiet()  # also lets start-up work (first heartbeats) settle
         cpu_before = server_cpu_seconds(server)
-        t0 = time.perf_counter()
-        with path.open("rb") as fh:
-            file = http.post("/v1/files", data={"purpose": "batch"},
-                             files={"file": (path.name, fh, "application/jsonl")})
-        file.raise_for_status()
-        t_uploaded = time.perf_counter()
-        spies = contextlib.ExitStack()
-        if profile is not None:
-            processes = server_processes(server)
-            for role in ("inference worker", "control worker"):
-                spies.enter_context(PySpy(processes[role][0].pid,
-                                          profile.with_suffix(f".{role.split()[0]}.txt")))
-        with spies:
-            response = http.post("/v1/batches", json={"input_file_id": file.json()["id"],
-                                                      "endpoint": "/v1/chat/completions",
-                                                      "completion_window": "24h"})
-            response.raise_for_status()
-            batch = response.json()
-            t_in_progress = None
-            deadline = time.monotonic() + timeout
-            while batch["status"] not in ("completed", "failed", "cancelled"):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"batch not done after {timeout} s: "
-                                       f"{batch['request_counts']}")
-                time.sleep(poll)
-                batch = http.get(f"/v1/batches/{batch['id']}").json()
-                if t_in_progress is None and batch["status"] != "validating":
-                    t_in_progress = time.perf_counter()
-            t_completed = time.perf_counter()
-        if batch["status"] != "completed":
-            raise RuntimeError(f"batch ended {batch['status']}: {batch.get('error')}")
-        content = http.get(f"/v1/files/{batch['output_file_id']}/content")
-        content.raise_for_status()
-        t_downloaded = time.perf_counter()
+
+        def spies() -> contextlib.ExitStack:
+            stack = contextlib.ExitStack()
+            if profile is not None:
+                processes = server_processes(server)
+                for role in ("inference worker", "control worker"):
+                    stack.enter_context(PySpy(processes[role][0].pid,
+                                              profile.with_suffix(f".{role.split()[0]}.txt")))
+            return stack
+
+        flow = drive_batch(http, path, poll=poll, timeout=timeout, during=spies)
+        batch = flow.pop("batch")
+        content = flow.pop("content")
         cpu_after = server_cpu_seconds(server)
         timeline = server_timeline(storage, batch["id"])
     profiles = {}
@@ -161,19 +149,12 @@ def run_batchgen(path: Path, storage: Path, *, requests: int, chunk_size: int | 
             spy = PySpy(0, profile.with_suffix(f".{role}.txt"))
             profiles[role] = spy.summary(top=25)
 
-    ids = [orjson.loads(line)["custom_id"] for line in content.content.splitlines()]
-    if len(ids) != requests or len(set(ids)) != requests:
-        raise RuntimeError(f"output holds {len(ids)} lines, {len(set(ids))} distinct ids, "
-                           f"expected {requests}")
-    total = t_downloaded - t0
+    check_output(content, requests)
+    total = flow["end_to_end_s"]
     return {
         "chunk_size": chunk_size or "default (200)",
         "requests": requests,
-        "upload_s": round(t_uploaded - t0, 3),
-        "create_to_in_progress_s": round((t_in_progress or t_completed) - t_uploaded, 3),
-        "in_progress_to_completed_s": round(t_completed - (t_in_progress or t_uploaded), 3),
-        "download_s": round(t_downloaded - t_completed, 3),
-        "end_to_end_s": round(total, 3),
+        **flow,
         "requests_per_s": round(requests / total),
         "us_per_request": round(total / requests * 1e6, 1),
         "request_counts": batch["request_counts"],

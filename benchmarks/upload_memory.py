@@ -11,7 +11,9 @@ during the upload and at the end, and the upload throughput; next to a baseline
 that does the same server-side work without HTTP (hash with sha256 and write the
 same bytes to a file on the same disk, then fsync), to show what the disk allows.
 
-Flat means peak - start under ~30 MB.
+Flat means peak - start under ~30 MB. The same upload then goes to a server whose
+files are on S3 (`BATCHGEN_STORAGE_URL`, a real SeaweedFS started as tests/s3.py
+starts it), side by side in the same run (`--no-s3` for the path only).
 
     .venv/bin/python benchmarks/upload_memory.py            # 1 GiB
     .venv/bin/python benchmarks/upload_memory.py --quick    # 128 MiB
@@ -47,6 +49,8 @@ from _common import (  # noqa: E402
     wait_for_quiet,
     write_results,
 )
+
+from tests.s3 import BUCKET, seaweedfs  # noqa: E402
 
 FLAT_MB = 30
 
@@ -120,12 +124,12 @@ def upload(http: httpx.Client, total: int, block: bytes) -> tuple[dict, float]:
 
 
 @contextlib.contextmanager
-def serve(storage: Path, checkout: Path | None) -> Iterator[Server]:
+def serve(storage: Path, checkout: Path | None, **env: str) -> Iterator[Server]:
     if checkout is None:
-        with running_server(storage, engine="simulated") as server:
+        with running_server(storage, engine="simulated", **env) as server:
             yield server
         return
-    server = Server(storage=storage, env=server_env(storage=storage), root=checkout)
+    server = Server(storage=storage, env=server_env(storage=storage, **env), root=checkout)
     try:
         yield server.start(ready_timeout=180)
     finally:
@@ -134,6 +138,35 @@ def serve(storage: Path, checkout: Path | None) -> Iterator[Server]:
 
 def web_worker_only(server):
     return {"web worker": server_processes(server)["web worker"]}
+
+
+def measure(server: Server, total: int, block: bytes, interval: float) -> dict:
+    """One upload of `total` bytes with the web worker's RSS sampled throughout."""
+    with httpx.Client(base_url=server.base_url, timeout=900) as http:
+        upload(http, MiB, block)  # warm-up: the first upload's imports and buffers
+        time.sleep(0.5)
+        sampler = RssSampler(lambda: web_worker_only(server), interval=interval)
+        start_rss = sampler.current()["web worker"]
+        sampler.start()
+        time.sleep(0.3)
+        sampler.set_phase("upload")
+        print(f"uploading {mib(total)} MiB ...", flush=True)
+        file, seconds = upload(http, total, block)
+        sampler.set_phase("after")
+        time.sleep(1.0)
+        sampler.stop()
+        end_rss = sampler.current()["web worker"]
+        http.delete(f"/v1/files/{file['id']}")
+    if file["bytes"] != total:
+        raise RuntimeError(f"the server stored {file['bytes']} bytes, not {total}")
+    series = sampler.series.get("web worker", [])
+    peak = sampler.peak("web worker", ["upload"])
+    step = max(1, len(series) // 200)  # keep the JSON small: about 200 points
+    return {"rss_start_mib": mib(start_rss), "rss_peak_mib": mib(peak),
+            "rss_end_mib": mib(end_rss), "rss_growth_mib": mib(peak - start_rss),
+            "flat": peak - start_rss < FLAT_MB * 1e6, "upload_s": round(seconds, 2),
+            "upload_mib_per_s": round(total / MiB / seconds, 1), "samples": len(series),
+            "rss_series_mib": [[t, mib(v)] for t, v in series[::step]]}
 
 
 def main() -> None:
@@ -145,60 +178,46 @@ def main() -> None:
                         help="results file name (benchmarks/results/NAME.json)")
     parser.add_argument("--checkout", type=Path,
                         help="run another checkout's server (e.g. the code before a change)")
+    parser.add_argument("--no-s3", action="store_true",
+                        help="the storage path only (no SeaweedFS run beside it)")
     args = parser.parse_args()
     mark_start()
     total = (128 if args.quick else args.mib) * MiB
     block = jsonl_block()
-
-    with scratch_dir("upload") as work:
+    runs = {}
+    with scratch_dir("upload") as work, \
+            (contextlib.nullcontext() if args.no_s3 else seaweedfs()) as s3:
         noise = wait_for_quiet()
         print(f"baseline: sha256 + write + fsync of {mib(total)} MiB to {work} ...", flush=True)
         base = baseline(work / "baseline.bin", total, block)
-        with serve(work / "storage", args.checkout) as server, \
-                httpx.Client(base_url=server.base_url, timeout=900) as http:
-            upload(http, MiB, block)  # warm-up: the first upload's imports and buffers
-            time.sleep(0.5)
-            sampler = RssSampler(lambda: web_worker_only(server), interval=args.interval)
-            start_rss = sampler.current()["web worker"]
-            sampler.start()
-            time.sleep(0.3)
-            sampler.set_phase("upload")
-            print(f"uploading {mib(total)} MiB ...", flush=True)
-            file, seconds = upload(http, total, block)
-            sampler.set_phase("after")
-            time.sleep(1.0)
-            sampler.stop()
-            end_rss = sampler.current()["web worker"]
-            http.delete(f"/v1/files/{file['id']}")
-    if file["bytes"] != total:
-        raise RuntimeError(f"the server stored {file['bytes']} bytes, not {total}")
-    series = sampler.series.get("web worker", [])
-    peak = sampler.peak("web worker", ["upload"])
-    growth = peak - start_rss
-    flat = growth < FLAT_MB * 1e6
-    mib_per_s = total / MiB / seconds
+        backends = {"path": {}} if s3 is None else {
+            "path": {}, "s3": {**s3.env, "BATCHGEN_STORAGE_URL": f"s3://{BUCKET}/upload"}}
+        for key, env in backends.items():
+            print(f"{key}:", flush=True)
+            with serve(work / f"storage-{key}", args.checkout, **env) as server:
+                runs[key] = measure(server, total, block, args.interval)
+    for run in runs.values():
+        run["ratio_to_baseline"] = round(run["upload_mib_per_s"] / base["mib_per_s"], 2)
     print_table(f"Upload of {mib(total)} MiB, web worker RSS sampled every "
-                f"{int(args.interval * 1000)} ms ({len(series)} samples)",
-                ["figure", "value"], [
-                    ["RSS at start, MiB", mib(start_rss)],
-                    ["RSS peak during upload, MiB", mib(peak)],
-                    ["RSS at end, MiB", mib(end_rss)],
-                    ["peak - start, MiB", mib(growth)],
-                    ["upload time, s", round(seconds, 2)],
-                    ["upload throughput, MiB/s", round(mib_per_s, 1)],
-                    ["baseline (sha256 + write + fsync), MiB/s", base["mib_per_s"]],
-                    ["upload / baseline throughput", round(mib_per_s / base["mib_per_s"], 2)],
-                ])
-    print(f"\nflat (peak - start under {FLAT_MB} MB): {'YES' if flat else 'NO'} "
-          f"({growth / 1e6:.1f} MB)")
-    step = max(1, len(series) // 200)  # keep the JSON small: about 200 points
+                f"{int(args.interval * 1000)} ms", ["figure", *runs], [
+                    [label, *(run[key] for run in runs.values())] for label, key in [
+                        ("RSS at start, MiB", "rss_start_mib"),
+                        ("RSS peak during upload, MiB", "rss_peak_mib"),
+                        ("RSS at end, MiB", "rss_end_mib"),
+                        ("peak - start, MiB", "rss_growth_mib"),
+                        ("upload time, s", "upload_s"),
+                        ("upload throughput, MiB/s", "upload_mib_per_s"),
+                        ("upload / baseline throughput", "ratio_to_baseline")]])
+    print(f"baseline (sha256 + write + fsync): {base['mib_per_s']} MiB/s")
+    for key, run in runs.items():
+        print(f"{key}: flat (peak - start under {FLAT_MB} MB): "
+              f"{'YES' if run['flat'] else 'NO'} ({run['rss_growth_mib']} MiB)")
+    path = runs["path"]
     write_results(args.name, {
-        "quick": args.quick, "upload_bytes": total, "noise_before": noise,
-        "rss_start_mib": mib(start_rss), "rss_peak_mib": mib(peak), "rss_end_mib": mib(end_rss),
-        "rss_growth_mib": mib(growth), "flat": flat, "upload_s": round(seconds, 2),
-        "upload_mib_per_s": round(mib_per_s, 1), "baseline": base,
-        "ratio_to_baseline": round(mib_per_s / base["mib_per_s"], 2),
-        "rss_series_mib": [[t, mib(v)] for t, v in series[::step]],
+        "quick": args.quick, "upload_bytes": total, "noise_before": noise, "baseline": base,
+        # the path's figures at the top level, as before S3 was measured beside it
+        **{k: v for k, v in path.items() if k not in ("samples",)},
+        "runs": runs,
     })
 
 

@@ -115,6 +115,11 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
             "how S3 requests name the bucket: 'path' for stores without virtual-host "
             "buckets (MinIO, SeaweedFS, Ceph RGW by IP), 'virtual' or 'auto' (boto's "
             "choice)", choices=("auto", "path", "virtual")),
+    Setting("--s3-presigned-downloads", "BATCHGEN_S3_PRESIGNED_DOWNLOADS", "false",
+            "on a bucket, GET /v1/files/{id}/content answers 302 to a presigned URL valid "
+            "for 5 minutes, so the bytes go from the store to the client without passing "
+            "through the web server (the client must reach the store's endpoint)",
+            kind=bool),
     Setting("--model", "BATCHGEN_MODEL", "",
             "local Hugging Face model folder (default: the bundled SmolLM2-135M-Instruct)",
             shown="none"),

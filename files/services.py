@@ -121,6 +121,20 @@ def file_register_output(*, batch_id: str, owner=None, size: int | None = None,
     )
 
 
+def file_download_url(*, file: File) -> str | None:
+    """Where to redirect a download (BATCHGEN_S3_PRESIGNED_DOWNLOADS on a bucket): a
+    presigned URL of the object; None to stream it through this process."""
+    store = backends.current()
+    if not (settings.BATCHGEN_S3_PRESIGNED_DOWNLOADS and isinstance(store, backends.S3Storage)):
+        return None
+    try:
+        return store.presigned_url(file.storage_name, filename=file.filename)
+    except backends.StorageUnavailable as exc:  # signing is local: credentials missing
+        outage_began(OBJECT_STORE, exc)
+        raise StorageUnreachable(f"The file store is unavailable ({exc}); try again "
+                                 "shortly.") from None
+
+
 def file_open(*, file: File):
     """A readable stream of the file's bytes, wherever they are kept."""
     try:

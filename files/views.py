@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.http import FileResponse
+from django.http import FileResponse, HttpResponseRedirect
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.negotiation import BaseContentNegotiation
@@ -109,9 +109,14 @@ class FileContentView(APIView):
 
     @extend_schema(responses={(200, "application/jsonl"): OpenApiResponse(
         response=OpenApiTypes.BINARY, description="The file's bytes"),
+        302: OpenApiResponse(description="On a bucket with BATCHGEN_S3_PRESIGNED_DOWNLOADS: "
+                             "Location is a presigned URL of the bytes"),
         **error_responses(401, 404)}, operation_id="files_content")
     def get(self, request, file_id: str):
         file = selectors.file_get(file_id=_file_id(file_id), owner=request_owner(request))
+        url = services.file_download_url(file=file)
+        if url is not None:  # the store serves the bytes (BATCHGEN_S3_PRESIGNED_DOWNLOADS)
+            return HttpResponseRedirect(url)
         handle = services.file_open(file=file)
         # FileResponse streams in blocks: memory stays flat for any size.
         response = FileResponse(handle, as_attachment=True, filename=file.filename,

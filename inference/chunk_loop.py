@@ -26,6 +26,7 @@ from inference.chunk_input import ChunkInput
 from inference.database import WorkerDatabase
 from inference.engine_host import EngineHost
 from inference.engines import EngineRequest, EngineResult, EngineUnavailable
+from inference.held_results import HeldResults
 from inference.ledger import ChunkLedger
 from inference.output import format_line
 from inference.slots import Cost, estimate_cost
@@ -59,6 +60,7 @@ class ChunkRun:
     failed: int = 0
     interrupted: bool = False  # requests in flight cancelled for a model swap
     segments: int = 0  # segment objects written (an object store's incremental output)
+    held: HeldResults = field(default_factory=HeldResults)  # not yet written (object store)
 
 
 class ChunkRunner:
@@ -210,6 +212,7 @@ class ChunkRunner:
                 run.outstanding -= len(finished)
                 self._record(run, [(custom_id, r) for custom_id, r in finished
                                    if r is not _CANCELLED])
+            self._record(run, [], last=True)
         finally:
             self.engines.slots.leave(run)
 
@@ -221,13 +224,22 @@ class ChunkRunner:
             self.engines.loop.call_soon_threadsafe(self._start_requests, admitted, run)
             run.outstanding += count
 
-    def _record(self, run: ChunkRun, finished: list[tuple[str, EngineResult]]) -> None:
+    def _record(self, run: ChunkRun, finished: list[tuple[str, EngineResult]],
+                last: bool = False) -> None:
+        """Write finished results and put them in the ledger: on a path at once, on an
+        object store as one segment per interval (inference.held_results) and at the
+        `last` call of the chunk's loop."""
         work = run.work
         lines = [format_line(*item) for item in finished]
         segment = None
-        if finished and self.storage.on_object_store:
-            segment = segment_name(work.batch_id, work.index, work.attempts, run.segments)
-            run.segments += 1
+        if self.storage.on_object_store:
+            run.held.add(finished, lines)
+            if not (run.held.due() or last):
+                return
+            finished, lines = run.held.take()
+            if finished:
+                segment = segment_name(work.batch_id, work.index, work.attempts, run.segments)
+                run.segments += 1
         if finished and self.storage.write(work.batch_id, work.index, run.output, lines,
                                            segment=segment):
             completed = sum(1 for _, result in finished if result.error is None)

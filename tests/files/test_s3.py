@@ -199,3 +199,58 @@ def test_a_chunk_rerun_after_a_lost_lease_counts_once_and_the_view_shows_only_co
     assert body == stream
     assert s3_server.keys(f"{prefix_of(s3_storage)}/incremental/") == [
         f"{prefix_of(s3_storage)}/incremental/{batch.id}.jsonl"]
+
+
+@pytest.mark.django_db(transaction=True)  # the runtime's threads write the database too
+@pytest.mark.parametrize("interval", [0.0, 60.0])
+def test_a_chunks_results_go_up_as_one_segment_per_interval_and_count_once(
+        api, runtime_factory, batch_in_progress, s3_storage, interval, monkeypatch):
+    from files.models import OutputSegment
+    from inference import held_results
+
+    monkeypatch.setattr(held_results, "SEGMENT_SECONDS", interval)
+    # Four slots and 20 ms a request: the chunk's results come back in many drains.
+    runtime = runtime_factory(capacity=4, latency_ms=20)
+    batch = batch_in_progress(24, chunk_size=24)
+    chunk = Chunk.objects.get(batch=batch)
+
+    assert "done, 24 completed" in runtime.run_chunk(chunk.id)
+
+    written = OutputSegment.objects.filter(chunk_id=chunk.id).count()
+    # Held for the interval: one segment at the end of the chunk; not held: one a drain.
+    assert written == 1 if interval else written > 2
+    stream = b"".join(api.get(f"/v1/batches/{batch.id}/output?offset=0").streaming_content)
+    ids = [orjson.loads(line)["custom_id"] for line in stream.splitlines()]
+    assert sorted(ids) == sorted(f"req-{i}" for i in range(24))
+    batch.refresh_from_db()
+    assert (batch.completed, batch.failed) == (24, 0)
+
+
+@pytest.mark.django_db(transaction=True)  # the SDK's requests reach Django by WSGI
+def test_a_download_redirects_to_a_presigned_url_the_openai_sdk_follows(
+        upload, s3_storage, s3_server, settings):
+    import httpx
+    import openai
+    from django.core.wsgi import get_wsgi_application
+
+    file = upload(CONTENT, filename="mine.jsonl")
+    settings.BATCHGEN_S3_PRESIGNED_DOWNLOADS = True
+    # The SDK talks to this Django by WSGI and follows the redirect to SeaweedFS (as
+    # with its own client, which follows redirects).
+    seen = []
+    http = httpx.Client(mounts={"http://batchgen": httpx.WSGITransport(
+        app=get_wsgi_application()), "all://": httpx.HTTPTransport()},
+        follow_redirects=True, event_hooks={"response": [seen.append]})
+    sdk = openai.OpenAI(base_url="http://batchgen/v1", api_key="unused", http_client=http)
+
+    assert sdk.files.content(file["id"]).read() == CONTENT
+
+    assert [response.status_code for response in seen] == [302, 200]
+    store_response = seen[1]
+    assert store_response.url.port == int(s3_server.endpoint.rsplit(":", 1)[1])
+    assert "Authorization" not in store_response.request.headers  # the URL is the grant
+    assert 'filename="mine.jsonl"' in store_response.headers["Content-Disposition"]
+
+    settings.BATCHGEN_S3_PRESIGNED_DOWNLOADS = False  # the default: streamed through
+    assert sdk.files.content(file["id"]).read() == CONTENT
+    assert seen[-1].status_code == 200 and seen[-1].url.host == "batchgen"

@@ -70,3 +70,32 @@ def test_composition_of_nothing_is_an_empty_object(store):
     assert composed.size == 0
     with store.open("incremental/batch_z.jsonl") as stream:
         assert stream.read() == b""
+
+
+def test_composition_of_many_small_segments_read_ahead_keeps_their_order(store):
+    """Small segments are read a few at once (files.segments._small_bodies): the
+    output still holds them in the ledger's order, with runs of them sent as parts
+    of 8 MiB after a large one copied."""
+    sizes = [3, 1, 0, 7, 2] * 30 + [42_000] * 3 + [1] * 20  # 3 x 4 MiB-ish, then more
+    parts = []
+    for seq, count in enumerate(sizes):
+        data = lines(f"c{seq}", count, width=40 if count < 1000 else 60)
+        parts.append(put(store, segments.segment_name("batch_w", seq, 1, 0), data))
+    big = lines("big", 6 * 1024 * 1024 // 100 + 1, width=68)
+    parts.insert(0, put(store, "incremental/batch_w/big.jsonl", big))
+
+    composed = segments.compose(store, parts, "incremental/batch_w.jsonl")
+
+    expected = b"".join(segments.read_from(store, parts, 0))
+    with store.open("incremental/batch_w.jsonl") as stream:
+        assert stream.read() == expected
+    assert composed.size == len(expected) > 2 * segments.S3_PART_BYTES
+    assert composed.copied_parts == 1  # the big one, nothing buffered before it
+    assert composed.uploaded_parts >= 2
+
+
+def test_many_objects_go_with_one_request_and_a_missing_one_is_no_error(store):
+    names = [put(store, segments.segment_name("batch_v", i, 1, 0), b"x\n").name
+             for i in range(5)]
+    store.delete_many([*names[:4], "incremental/batch_v/never-written.jsonl"])
+    assert list(store.names("incremental/batch_v/")) == names[4:]
