@@ -288,3 +288,52 @@ def test_a_file_s_requests_are_estimated_from_its_head(tmp_path):
     estimate = estimates.requests_estimate(path=path, size=path.stat().st_size)
 
     assert estimate == pytest.approx(100_000, rel=0.001)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_refresh_task_through_a_database_outage_warns_once_and_resumes(
+        running_batch, monkeypatch, caplog):
+    """PostgreSQL cut off (through a TCP proxy: every connection reset, new ones
+    refused) while the beat runs batches.refresh_estimates at its ticks: one WARNING,
+    no ERROR and no traceback, and the first tick after the database is back writes
+    the estimate."""
+    import logging
+
+    from django.db import connection
+
+    from batches.tasks import refresh_estimates
+    from core import outage, transient
+    from tests.faults.tcp_proxy import TcpProxy
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the outage is a cut PostgreSQL connection (make test's second pass)")
+    monkeypatch.setattr(outage, "_down", {})
+    monkeypatch.setattr(transient._retrying, "sleep", lambda seconds: None)
+    model = served_model().id
+    live_workers(2, model)
+    batch = running_batch(40, chunk_size=2)
+    now = timezone.now()
+    finish(batch, range(2), workers=["w0", "w1"], started=now - timedelta(seconds=5), seconds=2)
+    real = dict(connection.settings_dict)
+    proxy = TcpProxy(real["HOST"] or "127.0.0.1", int(real["PORT"] or 5432)).start()
+    try:
+        connection.close()
+        connection.settings_dict.update(HOST="127.0.0.1", PORT=str(proxy.port))
+        connection.ensure_connection()
+        caplog.clear()
+        proxy.cut()
+        with caplog.at_level(logging.INFO):
+            ticks = [refresh_estimates.apply() for _ in range(3)]
+            proxy.restore()
+            after = refresh_estimates.apply()
+    finally:
+        connection.close()
+        connection.settings_dict.update(HOST=real["HOST"], PORT=real["PORT"])
+        proxy.close()
+
+    assert [tick.result for tick in ticks] == ["skipped: the database is unreachable"] * 3
+    assert after.successful() and after.result == 1, after.traceback
+    loud = [(r.name, r.levelname) for r in caplog.records if r.levelno >= logging.WARNING]
+    assert loud == [("batchgen.outage", "WARNING")]
+    assert not [r for r in caplog.records if r.exc_info]
+    assert Batch.objects.get(id=batch.id).estimated_completion_at is not None
