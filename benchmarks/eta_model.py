@@ -16,8 +16,8 @@ against a scheduler that behaves as the model assumes, with the workload's
 unseen costs (prompt lengths, varied output lengths, chunk granularity, arrivals)
 as its only sources of error.
 
-    .venv/bin/python benchmarks/eta.py                  # both scenarios, 3 seeds
-    .venv/bin/python benchmarks/eta.py --quick          # smaller batches, one seed
+    .venv/bin/python benchmarks/eta_model.py                  # both scenarios, 3 seeds
+    .venv/bin/python benchmarks/eta_model.py --quick          # smaller batches, one seed
 
 Reported: for every batch, the ETA's relative error (|ETA - real completion| / (real
 completion - time of the estimate)) while still queued and at 10 %, 25 % and 50 % of
@@ -340,7 +340,7 @@ def main() -> None:
         args.seeds, args.largest, args.long_requests = 1, 5_000, 2_000
     results = {"accuracy": accuracy(args), "deadlines": deadlines(args),
                "options": vars(args)}
-    write_results("eta", results)
+    write_results("eta_model", results)
 
 
 if __name__ == "__main__":

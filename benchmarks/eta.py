@@ -1,0 +1,357 @@
+"""ETA accuracy and completion windows kept (issue 36), on the fleet path.
+
+`manage.py serve --inference-workers N` on a fresh PostgreSQL database and a fresh
+RabbitMQ virtual host, the simulated engine with a time per token
+(BATCHGEN_SIM_TOKEN_LATENCY_MS; answers of varied lengths, engine_args
+answer_tokens, each cut at its line's max_tokens; prompt tokens at 1/20 of an output
+token, which the estimator never sees), several API keys. Every figure is read over
+HTTP as a client would: each key's batch list polled every second.
+
+Accuracy: `--batches` batches of 50 to `--largest` requests (log-uniform), each of
+one of three answer lengths (max_tokens around 24, 96 or 256, varied line by line),
+on `--keys` keys, created at random times over the first `--arrivals` seconds. For
+each batch, the `estimated_completion_at` the API showed while it was still queued
+(no request done yet) and when 10 %, 25 % and 50 % of its requests were done, against
+its real `completed_at`: relative error = |ETA - completed_at| / (completed_at - time
+of the reading); a reading within MIN_LEFT seconds of the end says nothing and is
+left out. Goal: median at most 25 % (queued), 15 %, 10 %, 5 %; p90 reported.
+
+Windows: three 24 h batches on three keys, then (once the fleet's rate is measured
+from their progress) a batch on a fourth key with a window of `--short-slack` times
+what it takes with the whole fleet, plus WINDOW_MARGIN seconds: feasible, but short
+of what its fair quarter gives it. The same run with BATCHGEN_DEADLINE_POLICY on and
+off: windows kept of windows feasible (goal 100 % with the policy; without it, the
+short batch misses).
+
+    flock /tmp/batchgen-heavy.lock .venv/bin/python benchmarks/eta.py          # ~10 min
+    flock /tmp/batchgen-heavy.lock .venv/bin/python benchmarks/eta.py --only accuracy
+    flock /tmp/batchgen-heavy.lock .venv/bin/python benchmarks/eta.py --engine vllm \\
+        --only accuracy --workers 1 --batches 4 --largest 150     # the real engine
+
+benchmarks/eta_model.py is the discrete-event model of the same questions (no
+processes, a minute, deterministic): the policy's quick check while changing it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (  # noqa: E402
+    DEFAULT_MODEL,
+    ROOT,
+    Server,
+    mark_start,
+    print_table,
+    scratch_dir,
+    server_env,
+    write_results,
+)
+
+from tests import services  # noqa: E402
+from tests.e2e.harness import fresh_postgres_database  # noqa: E402
+from tests.fleet.fleet import RabbitVhost  # noqa: E402
+
+POLL = 1.0
+MIN_LEFT = 5.0  # a reading this close to the end (a refresh's period) is left out
+POINTS = {"queued": 0.25, "10%": 0.15, "25%": 0.10, "50%": 0.05}  # point -> goal (median)
+KINDS = (24, 96, 256)  # a batch's max_tokens, around which its lines vary
+WINDOW_MARGIN = 10  # seconds: the dispatch window and the last chunk's tail
+TERMINAL = {"completed", "failed", "expired", "cancelled"}
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+
+
+# --- the fleet ----------------------------------------------------------------------------
+
+
+@dataclass
+class Fleet:
+    server: Server
+    drop: object
+    vhost: RabbitVhost
+    keys: list[str] = field(default_factory=list)
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.vhost.delete()
+        self.drop()
+
+
+def start_fleet(work: Path, args, *, policy: bool, port: int, name: str) -> Fleet:
+    services.require("postgresql")
+    services.require("rabbitmq")
+    database_url, drop = fresh_postgres_database(services.POSTGRES_URL)
+    storage = work / f"storage-{name}"
+    vhost = RabbitVhost(services.RABBITMQ_URL)
+    vhost.create(server_env(storage=storage, broker_url=services.RABBITMQ_URL))
+    settings = {"BATCHGEN_MAX_POOL_SIZE": str(args.slots),
+                "BATCHGEN_CHUNK_SIZE": str(args.chunk),
+                "BATCHGEN_MIN_COMPLETION_WINDOW_SECONDS": "30",
+                "BATCHGEN_DEADLINE_POLICY": "true" if policy else "false"}
+    if args.engine == "simulated":
+        settings |= {"BATCHGEN_SIM_TOKEN_LATENCY_MS": str(args.token_ms),
+                     "BATCHGEN_ENGINE_ARGS": json.dumps({"answer_tokens": [8, 300]})}
+    else:
+        settings |= {"BATCHGEN_MODELS": f"m={args.model}"}
+    env = server_env(storage=storage, database_url=database_url, broker_url=vhost.url,
+                     engine=args.engine, **settings)
+    server = Server(storage=storage, env=env, web_workers=None, port=port,
+                    args=["--inference-workers", str(args.workers)])
+    fleet = Fleet(server, drop, vhost)
+    try:
+        server.start(ready_timeout=600)
+        for i in range(args.keys):
+            done = subprocess.run([sys.executable, "manage.py", "createapikey", f"key{i}"],
+                                  cwd=ROOT, env=env, capture_output=True, text=True,
+                                  timeout=120, check=True)
+            fleet.keys.append(done.stdout.strip())
+    except BaseException:
+        fleet.stop()
+        raise
+    return fleet
+
+
+class Client:
+    def __init__(self, base_url: str, key: str) -> None:
+        self.http = httpx.Client(base_url=base_url, timeout=120,
+                                 headers={"Authorization": f"Bearer {key}"})
+
+    def upload(self, content: bytes) -> str:
+        answer = self.http.post("/v1/files", files={"file": ("in.jsonl", content)},
+                                data={"purpose": "batch"})
+        answer.raise_for_status()
+        return answer.json()["id"]
+
+    def create(self, file_id: str, window: str = "24h") -> dict:
+        answer = self.http.post("/v1/batches", json={
+            "input_file_id": file_id, "endpoint": "/v1/chat/completions",
+            "completion_window": window})
+        answer.raise_for_status()
+        return answer.json()
+
+    def batches(self) -> list[dict]:
+        answer = self.http.get("/v1/batches", params={"limit": 100})
+        answer.raise_for_status()
+        return answer.json()["data"]
+
+
+def lines(rng: random.Random, count: int, prefix: str, kind: int) -> bytes:
+    out = []
+    for i in range(count):
+        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 150)))
+        body = {"model": "m", "max_tokens": rng.randint(kind // 2, kind * 3 // 2),
+                "messages": [{"role": "user", "content": f"{prefix} {i} {words}"}]}
+        out.append(json.dumps({"custom_id": f"{prefix}-{i}", "method": "POST",
+                               "url": "/v1/chat/completions", "body": body}))
+    return ("\n".join(out) + "\n").encode()
+
+
+# --- watching batches over HTTP -------------------------------------------------------------
+
+
+@dataclass
+class Watched:
+    id: str
+    key: int
+    created: float
+    samples: list[tuple[float, str, int, int, int | None]] = field(default_factory=list)
+    final: dict | None = None
+
+    def done(self) -> bool:
+        return self.final is not None
+
+
+def poll(clients: list[Client], watched: dict[str, Watched]) -> None:
+    for client in clients:
+        now = time.time()
+        for batch in client.batches():
+            seen = watched.get(batch["id"])
+            if seen is None or seen.done():
+                continue
+            counts = batch["request_counts"]
+            seen.samples.append((now, batch["status"], counts["completed"] + counts["failed"],
+                                 counts["total"], batch.get("estimated_completion_at")))
+            if batch["status"] in TERMINAL:
+                seen.final = batch
+
+
+def readings(batch: Watched) -> dict[str, tuple[float, int]]:
+    """The first ETA the API showed at each point: point -> (when, ETA)."""
+    found: dict[str, tuple[float, int]] = {}
+    for at, status, done, total, eta in batch.samples:
+        if eta is None or status in TERMINAL:
+            continue
+        if done == 0 and "queued" not in found:
+            found["queued"] = (at, eta)
+        for point in ("10%", "25%", "50%"):
+            if total and done / total >= int(point[:-1]) / 100 and point not in found:
+                found[point] = (at, eta)
+    return found
+
+
+def errors(batches: list[Watched]) -> tuple[dict[str, list[float]], list[dict]]:
+    found: dict[str, list[float]] = {point: [] for point in POINTS}
+    detail = []
+    for batch in batches:
+        real = batch.final.get("completed_at") if batch.final else None
+        row = {"batch": batch.id, "key": batch.key, "status": batch.final and
+               batch.final["status"], "total": batch.samples[-1][3] if batch.samples else 0,
+               "took": real and real - batch.created}
+        for point, (at, eta) in readings(batch).items():
+            if real is None or real - at < MIN_LEFT:
+                continue
+            error = abs(eta - real) / (real - at)
+            found[point].append(error)
+            row[point] = round(error, 3)
+            row[f"{point} read/eta"] = (round(at - batch.created, 1), eta - round(batch.created))
+        detail.append(row)
+    return found, detail
+
+
+def p(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+# --- the scenarios ---------------------------------------------------------------------------
+
+
+def accuracy(work: Path, args) -> dict:
+    rng = random.Random(args.seed)
+    fleet = start_fleet(work, args, policy=True, port=args.port, name="accuracy")
+    try:
+        clients = [Client(fleet.server.base_url, key) for key in fleet.keys]
+        plan = []
+        for i in range(args.batches):
+            size = int(round(10 ** rng.uniform(math.log10(50), math.log10(args.largest))))
+            key, kind = i % len(clients), rng.choice(KINDS)
+            plan.append((rng.uniform(0, args.arrivals), key, kind,
+                         clients[key].upload(lines(rng, size, f"b{i}", kind))))
+        plan.sort()
+        print(f"accuracy: {args.batches} batches, {args.workers} workers, uploaded", flush=True)
+        watched: dict[str, Watched] = {}
+        started = time.time()
+        while len(watched) < len(plan) or not all(b.done() for b in watched.values()):
+            while len(watched) < len(plan) and plan[len(watched)][0] <= time.time() - started:
+                _, key, _, file_id = plan[len(watched)]
+                batch = clients[key].create(file_id)
+                watched[batch["id"]] = Watched(batch["id"], key, time.time())
+            poll(clients, watched)
+            if time.time() - started > args.timeout:
+                print("accuracy: timed out", flush=True)
+                break
+            time.sleep(POLL)
+        wall = time.time() - started
+    finally:
+        fleet.stop()
+    found, detail = errors(list(watched.values()))
+    rows = [[point, len(v), statistics.median(v) if v else float("nan"), p(v, 0.9), goal,
+             "met" if v and statistics.median(v) <= goal else "not met"]
+            for (point, goal), v in zip(POINTS.items(), found.values(), strict=True)]
+    print_table(f"ETA relative error ({args.engine}, {args.workers} workers, {wall:.0f} s)",
+                ["point", "readings", "median", "p90", "goal (median)", ""], rows)
+    return {"wall_s": round(wall, 1), "points": {
+        point: {"n": len(v), "median": statistics.median(v) if v else None, "p90": p(v, 0.9)}
+        for point, v in found.items()}, "batches": detail}
+
+
+def windows_run(work: Path, args, policy: bool) -> dict:
+    rng = random.Random(args.seed + 1)
+    fleet = start_fleet(work, args, policy=policy, port=args.port + 1 + policy,
+                        name=f"windows-{policy}")
+    try:
+        clients = [Client(fleet.server.base_url, key) for key in fleet.keys[:4]]
+        long_files = [c.upload(lines(rng, args.long_requests, f"long{i}", 96))
+                      for i, c in enumerate(clients[:3])]
+        short_file = clients[3].upload(lines(rng, args.short_requests, "short", 96))
+        watched: dict[str, Watched] = {}
+        for i, file_id in enumerate(long_files):
+            batch = clients[i].create(file_id)
+            watched[batch["id"]] = Watched(batch["id"], i, time.time())
+        started = time.time()
+        while time.time() - started < args.warm:  # the fleet's rate, from their progress
+            poll(clients, watched)
+            time.sleep(POLL)
+        done = sum(b.samples[-1][2] for b in watched.values())
+        rate = done / (time.time() - started)
+        window = math.ceil(args.short_slack * args.short_requests / rate) + WINDOW_MARGIN
+        short = clients[3].create(short_file, f"{window}s")
+        watched[short["id"]] = Watched(short["id"], 3, time.time())
+        while not all(b.done() for b in watched.values()):
+            poll(clients, watched)
+            if time.time() - started > args.timeout:
+                break
+            time.sleep(POLL)
+    finally:
+        fleet.stop()
+    detail = []
+    for batch in watched.values():
+        final = batch.final or {}
+        limit = final.get("expires_at") or batch.created + 86400
+        finished = final.get("completed_at")
+        detail.append({"batch": "short" if batch.id == short["id"] else f"long{batch.key}",
+                       "status": final.get("status"), "window_s": round(limit - batch.created),
+                       "took_s": finished and round(finished - batch.created, 1),
+                       "kept": final.get("status") == "completed" and finished <= limit})
+    return {"rate_req_s": round(rate, 1), "window_s": window,
+            "kept": sum(d["kept"] for d in detail), "feasible": len(detail), "batches": detail}
+
+
+def windows(work: Path, args) -> dict:
+    results = {name: windows_run(work, args, policy)
+               for name, policy in (("off", False), ("on", True))}
+    rows = [[name, r["kept"], r["feasible"], 100.0 * r["kept"] / r["feasible"],
+             ", ".join(f"{d['batch']}:{d['status']} {d['took_s']}/{d['window_s']}s"
+                       for d in r["batches"] if d["batch"] == "short"), r["rate_req_s"]]
+            for name, r in results.items()]
+    print_table("Windows kept of windows feasible (short batch: took/window)",
+                ["policy", "kept", "feasible", "%", "short", "fleet req/s"], rows)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", choices=["accuracy", "windows"])
+    parser.add_argument("--engine", default="simulated", choices=["simulated", "vllm"])
+    parser.add_argument("--model", default=str(DEFAULT_MODEL))
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--keys", type=int, default=4)
+    parser.add_argument("--slots", type=int, default=12, help="BATCHGEN_MAX_POOL_SIZE")
+    parser.add_argument("--chunk", type=int, default=50, help="BATCHGEN_CHUNK_SIZE")
+    parser.add_argument("--token-ms", type=float, default=20.0,
+                        help="BATCHGEN_SIM_TOKEN_LATENCY_MS")
+    parser.add_argument("--batches", type=int, default=14)
+    parser.add_argument("--largest", type=int, default=2000)
+    parser.add_argument("--arrivals", type=float, default=150.0)
+    parser.add_argument("--long-requests", type=int, default=1500)
+    parser.add_argument("--short-requests", type=int, default=900)
+    parser.add_argument("--short-slack", type=float, default=2.0)
+    parser.add_argument("--warm", type=float, default=25.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--port", type=int, default=12100)
+    parser.add_argument("--results", default="eta")
+    args = parser.parse_args()
+    mark_start()
+    results: dict = {"options": vars(args)}
+    with scratch_dir("eta-") as work:
+        if args.only in (None, "accuracy"):
+            results["accuracy"] = accuracy(work, args)
+        if args.only in (None, "windows"):
+            results["windows"] = windows(work, args)
+    write_results(args.results, results)
+
+
+if __name__ == "__main__":
+    main()
