@@ -16,7 +16,10 @@ deadline policy dispatch applies (batches/deadlines.py). Its inputs, measured he
   no worker holds now (multiplexing) is planned on one worker after a swap (the
   recent swaps' time, fleet.selectors.swap_seconds_estimate).
 - each batch's work left on each model: its open chunks' requests not yet done,
-  times its cost per request (its own mean so far, else the model's).
+  times its cost per request: its own mean so far; before any finished, the
+  answer-length prior (eta.answer_prior: what the model's last PRIOR_BATCHES
+  finished batches answered for their lines' max_tokens, applied to this batch's
+  own, Batch.output_limit_mean); else the model's mean.
 
 The UPDATEs are single-row statements outside any transaction, so they hold no
 lock while waiting for another (docs/architecture.md, "Locks")."""
@@ -41,6 +44,8 @@ from fleet import selectors as fleet_selectors
 # change of workload within a minute or so.
 LAST_CHUNKS = 50
 OPEN = (ChunkStatus.PENDING, ChunkStatus.QUEUED, ChunkStatus.RUNNING)
+# Finished batches the answer-length prior learns from, per model.
+PRIOR_BATCHES = 50
 # An estimate that moved less than this, or less than this fraction of the time it
 # still has to go, is not written again: a day-long batch's row is not rewritten
 # every 5 s for noise.
@@ -84,6 +89,16 @@ def model_throughput_measure(*, model: str, live_workers: int,
     return measured
 
 
+def answer_history(model: str) -> list[tuple[float, float, int]]:
+    """(mean output limit, output tokens per request, requests) of the model's last
+    PRIOR_BATCHES completed batches whose lines named a limit (eta.answer_prior)."""
+    rows = (Batch.objects.filter(model=model, status=BatchStatus.COMPLETED, completed__gt=0,
+                                 output_limit_mean__isnull=False)
+            .order_by("-completed_at")
+            .values_list("output_limit_mean", "usage_output_tokens", "completed")[:PRIOR_BATCHES])
+    return [(limit, tokens / done, done) for limit, tokens, done in rows]
+
+
 def open_work() -> dict[str, dict[str, int]]:
     """Requests not yet done of each running batch, per served model: {model: {batch: n}}."""
     left: dict[str, dict[str, int]] = defaultdict(dict)
@@ -104,13 +119,16 @@ def estimates_refresh(now: datetime | None = None) -> int:
     batches = {row[0]: row for row in Batch.objects.filter(status=BatchStatus.IN_PROGRESS)
                .values_list("id", "priority", "owner_id", "owner__weight", "expires_at",
                             "completed", "failed", "usage_output_tokens",
-                            "estimated_completion_at", "at_risk")}
+                            "estimated_completion_at", "at_risk", "output_limit_mean",
+                            "model")}
+    histories = {model: answer_history(model) for model in {row[11] for row in batches.values()}}
     live = fleet_selectors.live_workers_by_model()
     finish: dict[str, float | None] = {}
     risky: set[str] = set()
     for model, left in open_work().items():
         measured = model_throughput_measure(model=model, live_workers=live.get(model, 0), now=now)
-        loads = [load_of(batches[batch_id], requests, measured, now)
+        loads = [load_of(batches[batch_id], requests, measured, now,
+                         histories[batches[batch_id][11]])
                  for batch_id, requests in left.items() if batch_id in batches]
         if measured is None or measured.rate <= 0:
             finish.update((load.batch_id, None) for load in loads)
@@ -141,11 +159,13 @@ def estimates_refresh(now: datetime | None = None) -> int:
 
 
 def load_of(row: tuple, requests: int, measured: ModelThroughput | None,
-            now: datetime) -> eta.Load:
-    """The ETA model's view of one batch's work on one model."""
+            now: datetime, history: list[tuple[float, float, int]]) -> eta.Load:
+    """The ETA model's view of one batch's work on one model (row: the columns
+    estimates_refresh reads, the output limit at 10)."""
     batch_id, priority, owner_id, weight, expires_at, completed, failed, tokens = row[:8]
-    cost = eta.request_cost(completed + failed, tokens,
-                            measured.cost_per_request if measured else 1.0)
+    prior = eta.answer_prior(history, row[10])
+    cost = eta.request_cost(completed + failed, tokens, 1.0 + prior if prior is not None
+                            else measured.cost_per_request if measured else 1.0)
     return eta.Load(batch_id=batch_id, remaining=requests * cost, priority=priority,
                     owner=owner_id, weight=weight, chunk=settings.BATCHGEN_CHUNK_SIZE * cost,
                     cost=cost,
@@ -186,8 +206,10 @@ def admission_eta(*, model: str, requests: int, window_seconds: float, priority:
     left = open_work().get(model, {})
     rows = {row[0]: row for row in Batch.objects.filter(id__in=list(left))
             .values_list("id", "priority", "owner_id", "owner__weight", "expires_at",
-                         "completed", "failed", "usage_output_tokens")}
-    loads = [load_of(rows[batch_id], count, measured, now)
+                         "completed", "failed", "usage_output_tokens",
+                         "estimated_completion_at", "at_risk", "output_limit_mean")}
+    history = answer_history(model)
+    loads = [load_of(rows[batch_id], count, measured, now, history)
              for batch_id, count in left.items() if batch_id in rows]
     loads.append(eta.Load(batch_id="", remaining=requests * measured.cost_per_request,
                           priority=priority, owner=owner_id, weight=weight,

@@ -19,6 +19,7 @@ from batches.input_file import BOM
 from serving.endpoints import endpoint_spec
 from serving.line_checks import LineError, shown
 from serving.line_schema import DecodeError
+from serving.params import OUTPUT_LIMIT_FIELDS
 
 MAX_CUSTOM_ID_LENGTH = 512
 # errors.data keeps the first this many bad lines; the error message gives the total.
@@ -41,6 +42,18 @@ class ValidationReport:
     errors: list[dict[str, Any]] = field(default_factory=list)
     chunks: list[ChunkSpan] = field(default_factory=list)
     grouped: bool = False  # chunks are ranges of the order file, not of the input
+    # The lines' output token limits (the ETA's answer-length prior): their sum over
+    # the lines that name one, and how many do.
+    output_limit_sum: int = 0
+    output_limited: int = 0
+
+    def output_limit_mean(self, default: int | None = None) -> float | None:
+        """The mean output limit per request, lines without one at `default`; None
+        when some line has none and there is no default."""
+        unlimited = self.total - self.output_limited
+        if not self.total or (unlimited and not default):
+            return None
+        return (self.output_limit_sum + unlimited * (default or 0)) / self.total
 
     def add_error(self, line: int, code: str, message: str, param: str | None = None) -> None:
         self.invalid += 1
@@ -161,6 +174,7 @@ def _check_lines(path: Path, report: ValidationReport,
     spec = endpoint_spec(endpoint)
     decode = spec.decoder.decode
     key_of_line = spec.prefix_key_of_line
+    limit_fields = tuple(dict.fromkeys((spec.output_limit_field, *OUTPUT_LIMIT_FIELDS)))
     grouped = chunker.grouped
     line_number = 0
     offset = 0
@@ -185,7 +199,9 @@ def _check_lines(path: Path, report: ValidationReport,
                 custom_id = line.custom_id
                 model = line.body.model
                 key = key_of_line(line) if grouped else 0
+                answer_limit = _output_limit(line.body, limit_fields)
             except DecodeError:
+                answer_limit = None
                 try:
                     custom_id, model, key = _check_slowly(raw, endpoint, grouped)
                 except LineError as error:
@@ -207,6 +223,18 @@ def _check_lines(path: Path, report: ValidationReport,
                 break
             if not report.invalid:  # once a line is bad nothing will be queued
                 add_to_chunk(line_start, offset, line_number, key, model)
+                if answer_limit:
+                    report.output_limit_sum += answer_limit
+                    report.output_limited += 1
+
+
+def _output_limit(body: Any, fields: tuple[str, ...]) -> int | None:
+    """A decoded body's output token limit, under the first of `fields` it has."""
+    for name in fields:
+        value = getattr(body, name, None)
+        if value:
+            return value
+    return None
 
 
 def _check_slowly(raw: bytes, endpoint: str, grouped: bool) -> tuple[str, str, Any]:

@@ -337,3 +337,32 @@ def test_the_refresh_task_through_a_database_outage_warns_once_and_resumes(
     assert loud == [("batchgen.outage", "WARNING")]
     assert not [r for r in caplog.records if r.exc_info]
     assert Batch.objects.get(id=batch.id).estimated_completion_at is not None
+
+
+@pytest.mark.parametrize(("limit", "seconds"), [
+    (16, 10 * (1 + 16 * 0.95) / 10),  # short answers, as the batches of limit 20 gave
+    (400, 10 * (1 + 400 * 0.5) / 10),  # long ones, as the batch of limit 400 gave
+    (None, 10 * 101 / 10),  # no limit on its lines: the model's mean cost
+])
+def test_a_batch_before_any_answer_is_estimated_by_its_max_tokens(running_batch, limit,
+                                                                  seconds):
+    """Before any of its requests finished, a batch's answers are taken to be as long
+    as the model's finished batches answered for their max_tokens (eta.answer_prior),
+    not as long as the model's recent mean."""
+    model = served_model().id
+    live_workers(1, model)
+    now = timezone.now()
+    for cap, output in ((20, 19), (400, 200)):
+        done = running_batch(4, chunk_size=2)
+        Batch.objects.filter(id=done.id).update(
+            status=BatchStatus.COMPLETED, completed=4, usage_output_tokens=4 * output,
+            output_limit_mean=cap, completed_at=now)
+    ModelThroughput.objects.create(model=model, rate=10, cost_per_request=101, workers=1,
+                                   measured_at=now)
+    batch = running_batch(10, chunk_size=5)
+    Batch.objects.filter(id=batch.id).update(output_limit_mean=limit)
+
+    estimates.estimates_refresh(now)
+
+    eta_seconds = (Batch.objects.get(id=batch.id).estimated_completion_at - now).total_seconds()
+    assert eta_seconds == pytest.approx(seconds)
