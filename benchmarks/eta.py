@@ -24,7 +24,8 @@ off: windows kept of windows feasible (goal 100 % with the policy; without it, t
 short batch misses).
 
     flock /tmp/batchgen-heavy.lock .venv/bin/python benchmarks/eta.py          # ~10 min
-    flock /tmp/batchgen-heavy.lock .venv/bin/python benchmarks/eta.py --only accuracy
+    flock /tmp/batchgen-heavy.lock .venv/bin/python benchmarks/eta.py --only accuracy \\
+        --baseline /work/wt-old          # a worktree of an older commit, run first
     flock /tmp/batchgen-heavy.lock .venv/bin/python benchmarks/eta.py --engine vllm \\
         --only accuracy --workers 1 --batches 4 --largest 150     # the real engine
 
@@ -88,7 +89,8 @@ class Fleet:
         self.drop()
 
 
-def start_fleet(work: Path, args, *, policy: bool, port: int, name: str) -> Fleet:
+def start_fleet(work: Path, args, *, policy: bool, port: int, name: str,
+                root: Path = ROOT) -> Fleet:
     services.require("postgresql")
     services.require("rabbitmq")
     database_url, drop = fresh_postgres_database(services.POSTGRES_URL)
@@ -106,14 +108,17 @@ def start_fleet(work: Path, args, *, policy: bool, port: int, name: str) -> Flee
         settings |= {"BATCHGEN_MODELS": f"m={args.model}"}
     env = server_env(storage=storage, database_url=database_url, broker_url=vhost.url,
                      engine=args.engine, **settings)
-    server = Server(storage=storage, env=env, web_workers=None, port=port,
+    # The checkout's own modules, whichever the benchmark runs from.
+    env["PYTHONPATH"] = ":".join([*(p for p in env.get("PYTHONPATH", "").split(":")
+                                    if p and Path(p).resolve() != ROOT), str(root)])
+    server = Server(storage=storage, env=env, web_workers=None, port=port, root=root,
                     args=["--inference-workers", str(args.workers)])
     fleet = Fleet(server, drop, vhost)
     try:
         server.start(ready_timeout=600)
         for i in range(args.keys):
             done = subprocess.run([sys.executable, "manage.py", "createapikey", f"key{i}"],
-                                  cwd=ROOT, env=env, capture_output=True, text=True,
+                                  cwd=root, env=env, capture_output=True, text=True,
                                   timeout=120, check=True)
             fleet.keys.append(done.stdout.strip())
     except BaseException:
@@ -227,9 +232,10 @@ def p(values: list[float], q: float) -> float:
 # --- the scenarios ---------------------------------------------------------------------------
 
 
-def accuracy(work: Path, args) -> dict:
+def accuracy(work: Path, args, root: Path = ROOT, label: str = "this") -> dict:
     rng = random.Random(args.seed)
-    fleet = start_fleet(work, args, policy=True, port=args.port, name="accuracy")
+    fleet = start_fleet(work, args, policy=True, port=args.port + (label != "this") * 10,
+                        name=f"accuracy-{label}", root=root)
     try:
         clients = [Client(fleet.server.base_url, key) for key in fleet.keys]
         plan = []
@@ -239,7 +245,8 @@ def accuracy(work: Path, args) -> dict:
             plan.append((rng.uniform(0, args.arrivals), key, kind,
                          clients[key].upload(lines(rng, size, f"b{i}", kind))))
         plan.sort()
-        print(f"accuracy: {args.batches} batches, {args.workers} workers, uploaded", flush=True)
+        print(f"accuracy ({label}): {args.batches} batches, {args.workers} workers, uploaded",
+              flush=True)
         watched: dict[str, Watched] = {}
         started = time.time()
         while len(watched) < len(plan) or not all(b.done() for b in watched.values()):
@@ -259,9 +266,10 @@ def accuracy(work: Path, args) -> dict:
     rows = [[point, len(v), statistics.median(v) if v else float("nan"), p(v, 0.9), goal,
              "met" if v and statistics.median(v) <= goal else "not met"]
             for (point, goal), v in zip(POINTS.items(), found.values(), strict=True)]
-    print_table(f"ETA relative error ({args.engine}, {args.workers} workers, {wall:.0f} s)",
+    print_table(f"ETA relative error, {label} ({root.name}; {args.engine}, {args.workers} "
+                f"workers, {wall:.0f} s)",
                 ["point", "readings", "median", "p90", "goal (median)", ""], rows)
-    return {"wall_s": round(wall, 1), "points": {
+    return {"checkout": str(root), "wall_s": round(wall, 1), "points": {
         point: {"n": len(v), "median": statistics.median(v) if v else None, "p90": p(v, 0.9)}
         for point, v in found.items()}, "batches": detail}
 
@@ -342,11 +350,17 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--port", type=int, default=12100)
     parser.add_argument("--results", default="eta")
+    parser.add_argument("--baseline", type=Path,
+                        help="another checkout (a worktree of an older commit) whose server "
+                             "runs the same accuracy workload first, side by side")
     args = parser.parse_args()
     mark_start()
     results: dict = {"options": vars(args)}
     with scratch_dir("eta-") as work:
         if args.only in (None, "accuracy"):
+            if args.baseline:
+                results["accuracy_baseline"] = accuracy(work, args, args.baseline.resolve(),
+                                                        "baseline")
             results["accuracy"] = accuracy(work, args)
         if args.only in (None, "windows"):
             results["windows"] = windows(work, args)
