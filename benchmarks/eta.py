@@ -27,7 +27,8 @@ short batch misses).
     flock /tmp/batchgen-heavy.lock .venv/bin/python benchmarks/eta.py --only accuracy \\
         --baseline /work/wt-old          # a worktree of an older commit, run first
     flock /tmp/batchgen-heavy.lock .venv/bin/python benchmarks/eta.py --engine vllm \\
-        --only accuracy --workers 1 --batches 4 --largest 150     # the real engine
+        --only accuracy --workers 1 --slots 64 --batches 6 --largest 120 --arrivals 60 \\
+        --kinds 8,16,32                                           # the real engine
 
 benchmarks/eta_model.py is the discrete-event model of the same questions (no
 processes, a minute, deterministic): the policy's quick check while changing it.
@@ -104,8 +105,8 @@ def start_fleet(work: Path, args, *, policy: bool, port: int, name: str,
     if args.engine == "simulated":
         settings |= {"BATCHGEN_SIM_TOKEN_LATENCY_MS": str(args.token_ms),
                      "BATCHGEN_ENGINE_ARGS": json.dumps({"answer_tokens": [8, 300]})}
-    else:
-        settings |= {"BATCHGEN_MODELS": f"m={args.model}"}
+    else:  # the real engine: the e2e tests' settings for SmolLM2 on a CPU
+        settings |= {"BATCHGEN_MODELS": f"m={args.model}", "BATCHGEN_MAX_CONTEXT_LENGTH": "512"}
     env = server_env(storage=storage, database_url=database_url, broker_url=vhost.url,
                      engine=args.engine, **settings)
     # The checkout's own modules, whichever the benchmark runs from.
@@ -241,7 +242,7 @@ def accuracy(work: Path, args, root: Path = ROOT, label: str = "this") -> dict:
         plan = []
         for i in range(args.batches):
             size = int(round(10 ** rng.uniform(math.log10(50), math.log10(args.largest))))
-            key, kind = i % len(clients), rng.choice(KINDS)
+            key, kind = i % len(clients), rng.choice(args.kinds)
             plan.append((rng.uniform(0, args.arrivals), key, kind,
                          clients[key].upload(lines(rng, size, f"b{i}", kind))))
         plan.sort()
@@ -332,13 +333,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", choices=["accuracy", "windows"])
     parser.add_argument("--engine", default="simulated", choices=["simulated", "vllm"])
-    parser.add_argument("--model", default=str(DEFAULT_MODEL))
+    parser.add_argument("--model", default=str(DEFAULT_MODEL),
+                        help="the real engine's model folder (a worktree: the main checkout's)")
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--keys", type=int, default=4)
     parser.add_argument("--slots", type=int, default=12, help="BATCHGEN_MAX_POOL_SIZE")
     parser.add_argument("--chunk", type=int, default=50, help="BATCHGEN_CHUNK_SIZE")
     parser.add_argument("--token-ms", type=float, default=20.0,
                         help="BATCHGEN_SIM_TOKEN_LATENCY_MS")
+    parser.add_argument("--kinds", type=lambda v: [int(x) for x in v.split(",")],
+                        default=list(KINDS), help="the batches' max_tokens, around which "
+                        "their lines vary (one per batch)")
     parser.add_argument("--batches", type=int, default=14)
     parser.add_argument("--largest", type=int, default=2000)
     parser.add_argument("--arrivals", type=float, default=150.0)
