@@ -264,6 +264,10 @@ def accuracy(work: Path, args, root: Path = ROOT, label: str = "this") -> dict:
     finally:
         fleet.stop()
     found, detail = errors(list(watched.values()))
+    if args.trace:  # every reading, for a closer look: (seconds since create, done, total, ETA)
+        Path(f"{args.trace}-{label}.json").write_text(json.dumps(
+            {b.id: [(round(at - b.created, 1), done, total, eta and eta - round(b.created))
+                    for at, _, done, total, eta in b.samples] for b in watched.values()}))
     rows = [[point, len(v), statistics.median(v) if v else float("nan"), p(v, 0.9), goal,
              "met" if v and statistics.median(v) <= goal else "not met"]
             for (point, goal), v in zip(POINTS.items(), found.values(), strict=True)]
@@ -355,6 +359,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--port", type=int, default=12100)
     parser.add_argument("--results", default="eta")
+    parser.add_argument("--trace", help="write every reading to TRACE-LABEL.json")
     parser.add_argument("--baseline", type=Path,
                         help="another checkout (a worktree of an older commit) whose server "
                              "runs the same accuracy workload first, side by side")
@@ -367,6 +372,7 @@ def main() -> None:
                 results["accuracy_baseline"] = accuracy(work, args, args.baseline.resolve(),
                                                         "baseline")
             results["accuracy"] = accuracy(work, args)
+            write_results(args.results, results)  # so far, should the windows run fail
         if args.only in (None, "windows"):
             results["windows"] = windows(work, args)
     write_results(args.results, results)
