@@ -27,11 +27,12 @@ lock while waiting for another (docs/architecture.md, "Locks")."""
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 
 from django.conf import settings
-from django.db.models import F, Sum
+from django.db.models import F, Max, Sum
 from django.utils import timezone
 
 from batches import deadlines, eta
@@ -62,6 +63,7 @@ def model_throughput_measure(*, model: str, live_workers: int,
                 .order_by("-finished_at")
                 .values_list("count", "claimed_at", "finished_at", "worker", "batch__completed",
                              "batch__failed", "batch__usage_output_tokens")[:LAST_CHUNKS])
+    finished = len(rows)
     # The chunks running now count with what they did so far: they shared the
     # workers with the finished ones, and leaving them out would take the model for
     # slower than it is (by the work in flight).
@@ -83,9 +85,13 @@ def model_throughput_measure(*, model: str, live_workers: int,
         return stored
     observed = len({row[3] for row in rows}) or 1
     rate *= max(live_workers, 1) / observed
+    # One chunk's pace, claim to close: how fast the chunks in flight run out.
+    spans = sum((end - start).total_seconds() for _, start, end, *_ in rows[:finished])
+    chunk_work = sum(count * cost for (count, *_), cost in zip(rows[:finished], costs,
+                                                                strict=False))
     measured, _ = ModelThroughput.objects.update_or_create(model=model, defaults={
-        "rate": rate, "cost_per_request": work / requests,
-        "workers": live_workers, "measured_at": now})
+        "rate": rate, "cost_per_request": work / requests, "workers": live_workers,
+        "chunk_rate": chunk_work / spans if spans > 0 else 0.0, "measured_at": now})
     return measured
 
 
@@ -99,16 +105,49 @@ def answer_history(model: str) -> list[tuple[float, float, int]]:
     return [(limit, tokens / done, done) for limit, tokens, done in rows]
 
 
-def open_work() -> dict[str, dict[str, int]]:
-    """Requests not yet done of each running batch, per served model: {model: {batch: n}}."""
+@dataclass
+class Flight:
+    """Where a batch's open requests on one model are: not yet claimed by a worker
+    (pending or in the broker's window), or in running chunks (the most left in one)."""
+
+    waiting: int = 0
+    running_most: int = 0
+    queued: int = 0  # of the waiting: published to the broker, not yet claimed
+
+
+def open_work(flights: dict | None = None) -> dict[str, dict[str, int]]:
+    """Requests not yet done of each running batch, per served model: {model: {batch: n}};
+    with `flights`, fills {model: {batch: Flight}} from the same query."""
     left: dict[str, dict[str, int]] = defaultdict(dict)
     rows = (Chunk.objects.filter(status__in=OPEN, batch__status=BatchStatus.IN_PROGRESS)
-            .values("batch_id", "model")
-            .annotate(left=Sum(F("count") - F("completed") - F("failed"))))
+            .values("batch_id", "model", "status")
+            .annotate(left=Sum(F("count") - F("completed") - F("failed")),
+                      most=Max(F("count") - F("completed") - F("failed"))))
     for row in rows:
-        model = chunk_model(row["model"])
-        left[model][row["batch_id"]] = left[model].get(row["batch_id"], 0) + max(row["left"], 0)
+        model, batch_id, count = chunk_model(row["model"]), row["batch_id"], max(row["left"], 0)
+        left[model][batch_id] = left[model].get(batch_id, 0) + count
+        if flights is not None:
+            flight = flights.setdefault(model, {}).setdefault(batch_id, Flight())
+            if row["status"] == ChunkStatus.RUNNING:
+                flight.running_most = max(flight.running_most, row["most"] or 0)
+            else:
+                flight.waiting += count
+                flight.queued += count if row["status"] == ChunkStatus.QUEUED else 0
     return left
+
+
+def batch_seconds(load: eta.Load, played: float, flight: Flight, *, started: bool,
+                  queued_ahead: float, measured: ModelThroughput) -> float:
+    """Seconds until a batch's work on a model is done: the fluid play's answer while
+    some of it waits for a worker, after (for a batch none of whose chunks was
+    published yet) the chunks already in the broker's window ahead of it; once all
+    of it runs, its longest running chunk at one chunk's measured pace (chunks in
+    flight keep their worker whatever the shares), never less than that."""
+    tail = flight.running_most * load.cost / measured.chunk_rate if measured.chunk_rate else 0.0
+    if not flight.waiting:
+        return tail
+    delay = 0.0 if started else queued_ahead / measured.rate
+    return max(played + delay, tail)
 
 
 @retry_transient
@@ -125,7 +164,8 @@ def estimates_refresh(now: datetime | None = None) -> int:
     live = fleet_selectors.live_workers_by_model()
     finish: dict[str, float | None] = {}
     risky: set[str] = set()
-    for model, left in open_work().items():
+    flights: dict[str, dict[str, Flight]] = {}
+    for model, left in open_work(flights).items():
         measured = model_throughput_measure(model=model, live_workers=live.get(model, 0), now=now)
         loads = [load_of(batches[batch_id], requests, measured, now,
                          histories[batches[batch_id][11]])
@@ -138,12 +178,18 @@ def estimates_refresh(now: datetime | None = None) -> int:
         played = eta.finish_times(loads, rate,
                                   partial(deadlines.deadline_shares, rate=rate),
                                   worker_rate=rate / max(live.get(model, 0), 1))
+        queued = sum(flight.queued * load.cost for load in loads
+                     if (flight := flights[model][load.batch_id]))
         for load in loads:
             if deadlines.at_risk(load, rate):
                 risky.add(load.batch_id)
             if load.batch_id in finish and finish[load.batch_id] is None:
                 continue
-            seconds = played[load.batch_id] + delay
+            flight, row = flights[model][load.batch_id], batches[load.batch_id]
+            started = bool(row[5] + row[6] or flight.running_most or flight.queued)
+            seconds = delay + batch_seconds(
+                load, played[load.batch_id], flight, started=started,
+                queued_ahead=queued - flight.queued * load.cost, measured=measured)
             finish[load.batch_id] = max(finish.get(load.batch_id) or 0.0, seconds)
     moved = 0
     for batch_id, row in batches.items():

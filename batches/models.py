@@ -229,6 +229,8 @@ class ModelThroughput(models.Model):
     rate = models.FloatField()
     cost_per_request = models.FloatField(default=1.0)
     workers = models.IntegerField(default=0)  # the live workers it was scaled to
+    # One chunk's pace, claim to close (0: not measured): a running chunk's tail.
+    chunk_rate = models.FloatField(default=0.0)
     measured_at = models.DateTimeField()
 
     def __str__(self) -> str:

@@ -366,3 +366,47 @@ def test_a_batch_before_any_answer_is_estimated_by_its_max_tokens(running_batch,
 
     eta_seconds = (Batch.objects.get(id=batch.id).estimated_completion_at - now).total_seconds()
     assert eta_seconds == pytest.approx(seconds)
+
+
+def test_a_batch_whose_work_all_runs_already_ends_with_its_running_chunk(running_batch):
+    """Chunks in flight keep their worker whatever the shares: a batch with nothing
+    left to dispatch ends when its longest running chunk does, at one chunk's
+    measured pace, not at its fair share of the model behind three other batches."""
+    model = served_model().id
+    live_workers(2, model)
+    small = running_batch(10, chunk_size=2)
+    others = [running_batch(10, chunk_size=2) for _ in range(3)]
+    now = timezone.now()
+    finish(small, range(0, 4, 2), workers=["w0", "w1"], started=now - timedelta(seconds=10),
+           seconds=2)
+    finish(small, range(1, 4, 2), workers=["w0", "w1"], started=now - timedelta(seconds=8),
+           seconds=2)
+    Batch.objects.filter(id=small.id).update(completed=8)
+    Chunk.objects.filter(batch=small, index=4).update(status=ChunkStatus.RUNNING, worker="w0",
+                                                      claimed_at=now)
+
+    estimates.estimates_refresh(now)
+
+    measured = ModelThroughput.objects.get(model=model)
+    assert measured.chunk_rate == pytest.approx(1.0)  # 2 requests in 2 s, each chunk
+    eta_seconds = (Batch.objects.get(id=small.id).estimated_completion_at - now).total_seconds()
+    assert eta_seconds == pytest.approx(2.0)  # fair share (a quarter of 2/s): 4 s
+    assert all(Batch.objects.get(id=other.id).estimated_completion_at for other in others)
+
+
+def test_a_batch_not_yet_dispatched_waits_for_the_broker_s_window_ahead_of_it(running_batch):
+    model = served_model().id
+    live_workers(1, model)
+    running_batch(10, chunk_size=2)  # ahead: all of its chunks in the broker's window
+    late = running_batch(4, chunk_size=2)
+    Chunk.objects.filter(batch=late).update(status=ChunkStatus.PENDING)
+    now = timezone.now()
+    ModelThroughput.objects.create(model=model, rate=2, cost_per_request=1, workers=1,
+                                   chunk_rate=2, measured_at=now)
+
+    estimates.estimates_refresh(now)
+
+    # Its 4 requests at half the model (2 s) from when the 10 ahead are claimed (5 s):
+    # by the fluid play alone, 4 s.
+    eta_seconds = (Batch.objects.get(id=late.id).estimated_completion_at - now).total_seconds()
+    assert eta_seconds == pytest.approx(4 + 5)
