@@ -32,7 +32,7 @@ from datetime import datetime, timedelta
 from functools import partial
 
 from django.conf import settings
-from django.db.models import F, Max, Sum
+from django.db.models import Count, F, Max, Sum
 from django.utils import timezone
 
 from batches import deadlines, eta
@@ -113,6 +113,7 @@ class Flight:
     waiting: int = 0
     running_most: int = 0
     queued: int = 0  # of the waiting: published to the broker, not yet claimed
+    queued_chunks: int = 0
 
 
 def open_work(flights: dict | None = None) -> dict[str, dict[str, int]]:
@@ -122,7 +123,7 @@ def open_work(flights: dict | None = None) -> dict[str, dict[str, int]]:
     rows = (Chunk.objects.filter(status__in=OPEN, batch__status=BatchStatus.IN_PROGRESS)
             .values("batch_id", "model", "status")
             .annotate(left=Sum(F("count") - F("completed") - F("failed")),
-                      most=Max(F("count") - F("completed") - F("failed"))))
+                      most=Max(F("count") - F("completed") - F("failed")), chunks=Count("id")))
     for row in rows:
         model, batch_id, count = chunk_model(row["model"]), row["batch_id"], max(row["left"], 0)
         left[model][batch_id] = left[model].get(batch_id, 0) + count
@@ -132,12 +133,42 @@ def open_work(flights: dict | None = None) -> dict[str, dict[str, int]]:
                 flight.running_most = max(flight.running_most, row["most"] or 0)
             else:
                 flight.waiting += count
-                flight.queued += count if row["status"] == ChunkStatus.QUEUED else 0
+                if row["status"] == ChunkStatus.QUEUED:
+                    flight.queued, flight.queued_chunks = count, row["chunks"]
     return left
 
 
+def window_wait(loads: list[eta.Load], flights: dict[str, Flight], running: list[tuple],
+                measured: ModelThroughput) -> float:
+    """Seconds until a chunk published now is claimed: the broker's window is first
+    in, first out, and each running chunk that closes frees a chunk thread for the
+    next one, so it is the (chunks queued + 1)-th close of the running chunks (each
+    at one chunk's measured pace); the queued work over the model's rate without a
+    pace or running chunks."""
+    cost = {load.batch_id: load.cost for load in loads}
+    queued = sum(flight.queued_chunks for flight in flights.values())
+    closes = sorted(left * cost.get(batch_id, measured.cost_per_request) / measured.chunk_rate
+                    for batch_id, left in running) if measured.chunk_rate else []
+    if queued < len(closes):
+        return closes[queued]
+    return sum(flight.queued * cost.get(batch_id, 1.0)
+               for batch_id, flight in flights.items()) / measured.rate
+
+
+def running_chunks() -> dict[str, list[tuple[str, int]]]:
+    """Each model's running chunks as (batch, requests left)."""
+    found: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for model, batch_id, left in (Chunk.objects.filter(status=ChunkStatus.RUNNING,
+                                                       batch__status=BatchStatus.IN_PROGRESS)
+                                  .values_list("model", "batch_id", "count")
+                                  .annotate(left=F("count") - F("completed") - F("failed"))
+                                  .values_list("model", "batch_id", "left")):
+        found[chunk_model(model)].append((batch_id, max(left, 0)))
+    return found
+
+
 def batch_seconds(load: eta.Load, played: float, flight: Flight, *, started: bool,
-                  queued_ahead: float, measured: ModelThroughput) -> float:
+                  wait: float, measured: ModelThroughput) -> float:
     """Seconds until a batch's work on a model is done: the fluid play's answer while
     some of it waits for a worker, after (for a batch none of whose chunks was
     published yet) the chunks already in the broker's window ahead of it; once all
@@ -146,7 +177,7 @@ def batch_seconds(load: eta.Load, played: float, flight: Flight, *, started: boo
     tail = flight.running_most * load.cost / measured.chunk_rate if measured.chunk_rate else 0.0
     if not flight.waiting:
         return tail
-    delay = 0.0 if started else queued_ahead / measured.rate
+    delay = 0.0 if started else wait
     return max(played + delay, tail)
 
 
@@ -165,6 +196,7 @@ def estimates_refresh(now: datetime | None = None) -> int:
     finish: dict[str, float | None] = {}
     risky: set[str] = set()
     flights: dict[str, dict[str, Flight]] = {}
+    running = running_chunks()
     for model, left in open_work(flights).items():
         measured = model_throughput_measure(model=model, live_workers=live.get(model, 0), now=now)
         loads = [load_of(batches[batch_id], requests, measured, now,
@@ -178,8 +210,7 @@ def estimates_refresh(now: datetime | None = None) -> int:
         played = eta.finish_times(loads, rate,
                                   partial(deadlines.deadline_shares, rate=rate),
                                   worker_rate=rate / max(live.get(model, 0), 1))
-        queued = sum(flight.queued * load.cost for load in loads
-                     if (flight := flights[model][load.batch_id]))
+        wait = window_wait(loads, flights[model], running.get(model, []), measured)
         for load in loads:
             if deadlines.at_risk(load, rate):
                 risky.add(load.batch_id)
@@ -189,7 +220,7 @@ def estimates_refresh(now: datetime | None = None) -> int:
             started = bool(row[5] + row[6] or flight.running_most or flight.queued)
             seconds = delay + batch_seconds(
                 load, played[load.batch_id], flight, started=started,
-                queued_ahead=queued - flight.queued * load.cost, measured=measured)
+                wait=wait, measured=measured)
             finish[load.batch_id] = max(finish.get(load.batch_id) or 0.0, seconds)
     moved = 0
     for batch_id, row in batches.items():

@@ -410,3 +410,24 @@ def test_a_batch_not_yet_dispatched_waits_for_the_broker_s_window_ahead_of_it(ru
     # by the fluid play alone, 4 s.
     eta_seconds = (Batch.objects.get(id=late.id).estimated_completion_at - now).total_seconds()
     assert eta_seconds == pytest.approx(4 + 5)
+
+
+def test_the_wait_for_a_chunk_thread_is_when_the_running_chunks_close(running_batch):
+    """Nothing queued ahead: a batch not yet dispatched starts when the first running
+    chunk closes (its 4 requests left at one chunk's pace of 2 a second: 2 s)."""
+    model = served_model().id
+    live_workers(1, model)
+    other = running_batch(4, chunk_size=4)
+    Chunk.objects.filter(batch=other).update(status=ChunkStatus.RUNNING, worker="w0",
+                                             claimed_at=timezone.now())
+    late = running_batch(4, chunk_size=2)
+    Chunk.objects.filter(batch=late).update(status=ChunkStatus.PENDING)
+    now = timezone.now()
+    ModelThroughput.objects.create(model=model, rate=2, cost_per_request=1, workers=1,
+                                   chunk_rate=2, measured_at=now)
+
+    estimates.estimates_refresh(now)
+
+    # The fluid play: half of 2 a second beside the other batch, 4 requests: 4 s.
+    eta_seconds = (Batch.objects.get(id=late.id).estimated_completion_at - now).total_seconds()
+    assert eta_seconds == pytest.approx(2 + 4)
