@@ -16,7 +16,10 @@ deadline policy dispatch applies (batches/deadlines.py). Its inputs, measured he
   no worker holds now (multiplexing) is planned on one worker after a swap (the
   recent swaps' time, fleet.selectors.swap_seconds_estimate).
 - each batch's work left on each model: its open chunks' requests not yet done,
-  times its cost per request (its own mean so far, else the model's).
+  times its cost per request: its own mean so far; before any finished, the
+  answer-length prior (eta.answer_prior: what the model's last PRIOR_BATCHES
+  finished batches answered for their lines' max_tokens, applied to this batch's
+  own, Batch.output_limit_mean); else the model's mean.
 
 The UPDATEs are single-row statements outside any transaction, so they hold no
 lock while waiting for another (docs/architecture.md, "Locks")."""
@@ -24,11 +27,12 @@ lock while waiting for another (docs/architecture.md, "Locks")."""
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 
 from django.conf import settings
-from django.db.models import F, Sum
+from django.db.models import Count, F, Max, Sum
 from django.utils import timezone
 
 from batches import deadlines, eta
@@ -41,6 +45,8 @@ from fleet import selectors as fleet_selectors
 # change of workload within a minute or so.
 LAST_CHUNKS = 50
 OPEN = (ChunkStatus.PENDING, ChunkStatus.QUEUED, ChunkStatus.RUNNING)
+# Finished batches the answer-length prior learns from, per model.
+PRIOR_BATCHES = 50
 # An estimate that moved less than this, or less than this fraction of the time it
 # still has to go, is not written again: a day-long batch's row is not rewritten
 # every 5 s for noise.
@@ -57,6 +63,7 @@ def model_throughput_measure(*, model: str, live_workers: int,
                 .order_by("-finished_at")
                 .values_list("count", "claimed_at", "finished_at", "worker", "batch__completed",
                              "batch__failed", "batch__usage_output_tokens")[:LAST_CHUNKS])
+    finished = len(rows)
     # The chunks running now count with what they did so far: they shared the
     # workers with the finished ones, and leaving them out would take the model for
     # slower than it is (by the work in flight).
@@ -78,22 +85,100 @@ def model_throughput_measure(*, model: str, live_workers: int,
         return stored
     observed = len({row[3] for row in rows}) or 1
     rate *= max(live_workers, 1) / observed
+    # One chunk's pace, claim to close: how fast the chunks in flight run out.
+    spans = sum((end - start).total_seconds() for _, start, end, *_ in rows[:finished])
+    chunk_work = sum(count * cost for (count, *_), cost in zip(rows[:finished], costs,
+                                                                strict=False))
     measured, _ = ModelThroughput.objects.update_or_create(model=model, defaults={
-        "rate": rate, "cost_per_request": work / requests,
-        "workers": live_workers, "measured_at": now})
+        "rate": rate, "cost_per_request": work / requests, "workers": live_workers,
+        "chunk_rate": chunk_work / spans if spans > 0 else 0.0, "measured_at": now})
     return measured
 
 
-def open_work() -> dict[str, dict[str, int]]:
-    """Requests not yet done of each running batch, per served model: {model: {batch: n}}."""
+def answer_history(model: str) -> list[tuple[float, float, int]]:
+    """(mean output limit, output tokens per request, requests) of the model's last
+    PRIOR_BATCHES completed batches whose lines named a limit (eta.answer_prior)."""
+    rows = (Batch.objects.filter(model=model, status=BatchStatus.COMPLETED, completed__gt=0,
+                                 output_limit_mean__isnull=False)
+            .order_by("-completed_at")
+            .values_list("output_limit_mean", "usage_output_tokens", "completed")[:PRIOR_BATCHES])
+    return [(limit, tokens / done, done) for limit, tokens, done in rows]
+
+
+@dataclass
+class Flight:
+    """Where a batch's open requests on one model are: not yet claimed by a worker
+    (pending or in the broker's window), or in running chunks (the most left in one)."""
+
+    waiting: int = 0
+    running_most: int = 0
+    queued: int = 0  # of the waiting: published to the broker, not yet claimed
+    queued_chunks: int = 0
+
+
+def open_work(flights: dict | None = None) -> dict[str, dict[str, int]]:
+    """Requests not yet done of each running batch, per served model: {model: {batch: n}};
+    with `flights`, fills {model: {batch: Flight}} from the same query."""
     left: dict[str, dict[str, int]] = defaultdict(dict)
     rows = (Chunk.objects.filter(status__in=OPEN, batch__status=BatchStatus.IN_PROGRESS)
-            .values("batch_id", "model")
-            .annotate(left=Sum(F("count") - F("completed") - F("failed"))))
+            .values("batch_id", "model", "status")
+            .annotate(left=Sum(F("count") - F("completed") - F("failed")),
+                      most=Max(F("count") - F("completed") - F("failed")), chunks=Count("id")))
     for row in rows:
-        model = chunk_model(row["model"])
-        left[model][row["batch_id"]] = left[model].get(row["batch_id"], 0) + max(row["left"], 0)
+        model, batch_id, count = chunk_model(row["model"]), row["batch_id"], max(row["left"], 0)
+        left[model][batch_id] = left[model].get(batch_id, 0) + count
+        if flights is not None:
+            flight = flights.setdefault(model, {}).setdefault(batch_id, Flight())
+            if row["status"] == ChunkStatus.RUNNING:
+                flight.running_most = max(flight.running_most, row["most"] or 0)
+            else:
+                flight.waiting += count
+                if row["status"] == ChunkStatus.QUEUED:
+                    flight.queued, flight.queued_chunks = count, row["chunks"]
     return left
+
+
+def window_wait(loads: list[eta.Load], flights: dict[str, Flight], running: list[tuple],
+                measured: ModelThroughput) -> float:
+    """Seconds until a chunk published now is claimed: the broker's window is first
+    in, first out, and each running chunk that closes frees a chunk thread for the
+    next one, so it is the (chunks queued + 1)-th close of the running chunks (each
+    at one chunk's measured pace); the queued work over the model's rate without a
+    pace or running chunks."""
+    cost = {load.batch_id: load.cost for load in loads}
+    queued = sum(flight.queued_chunks for flight in flights.values())
+    closes = sorted(left * cost.get(batch_id, measured.cost_per_request) / measured.chunk_rate
+                    for batch_id, left in running) if measured.chunk_rate else []
+    if queued < len(closes):
+        return closes[queued]
+    return sum(flight.queued * cost.get(batch_id, 1.0)
+               for batch_id, flight in flights.items()) / measured.rate
+
+
+def running_chunks() -> dict[str, list[tuple[str, int]]]:
+    """Each model's running chunks as (batch, requests left)."""
+    found: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for model, batch_id, left in (Chunk.objects.filter(status=ChunkStatus.RUNNING,
+                                                       batch__status=BatchStatus.IN_PROGRESS)
+                                  .values_list("model", "batch_id", "count")
+                                  .annotate(left=F("count") - F("completed") - F("failed"))
+                                  .values_list("model", "batch_id", "left")):
+        found[chunk_model(model)].append((batch_id, max(left, 0)))
+    return found
+
+
+def batch_seconds(load: eta.Load, played: float, flight: Flight, *, started: bool,
+                  wait: float, measured: ModelThroughput) -> float:
+    """Seconds until a batch's work on a model is done: the fluid play's answer while
+    some of it waits for a worker, after (for a batch none of whose chunks was
+    published yet) the chunks already in the broker's window ahead of it; once all
+    of it runs, its longest running chunk at one chunk's measured pace (chunks in
+    flight keep their worker whatever the shares), never less than that."""
+    tail = flight.running_most * load.cost / measured.chunk_rate if measured.chunk_rate else 0.0
+    if not flight.waiting:
+        return tail
+    delay = 0.0 if started else wait
+    return max(played + delay, tail)
 
 
 @retry_transient
@@ -104,13 +189,18 @@ def estimates_refresh(now: datetime | None = None) -> int:
     batches = {row[0]: row for row in Batch.objects.filter(status=BatchStatus.IN_PROGRESS)
                .values_list("id", "priority", "owner_id", "owner__weight", "expires_at",
                             "completed", "failed", "usage_output_tokens",
-                            "estimated_completion_at", "at_risk")}
+                            "estimated_completion_at", "at_risk", "output_limit_mean",
+                            "model")}
+    histories = {model: answer_history(model) for model in {row[11] for row in batches.values()}}
     live = fleet_selectors.live_workers_by_model()
     finish: dict[str, float | None] = {}
     risky: set[str] = set()
-    for model, left in open_work().items():
+    flights: dict[str, dict[str, Flight]] = {}
+    running = running_chunks()
+    for model, left in open_work(flights).items():
         measured = model_throughput_measure(model=model, live_workers=live.get(model, 0), now=now)
-        loads = [load_of(batches[batch_id], requests, measured, now)
+        loads = [load_of(batches[batch_id], requests, measured, now,
+                         histories[batches[batch_id][11]])
                  for batch_id, requests in left.items() if batch_id in batches]
         if measured is None or measured.rate <= 0:
             finish.update((load.batch_id, None) for load in loads)
@@ -120,12 +210,17 @@ def estimates_refresh(now: datetime | None = None) -> int:
         played = eta.finish_times(loads, rate,
                                   partial(deadlines.deadline_shares, rate=rate),
                                   worker_rate=rate / max(live.get(model, 0), 1))
+        wait = window_wait(loads, flights[model], running.get(model, []), measured)
         for load in loads:
             if deadlines.at_risk(load, rate):
                 risky.add(load.batch_id)
             if load.batch_id in finish and finish[load.batch_id] is None:
                 continue
-            seconds = played[load.batch_id] + delay
+            flight, row = flights[model][load.batch_id], batches[load.batch_id]
+            started = bool(row[5] + row[6] or flight.running_most or flight.queued)
+            seconds = delay + batch_seconds(
+                load, played[load.batch_id], flight, started=started,
+                wait=wait, measured=measured)
             finish[load.batch_id] = max(finish.get(load.batch_id) or 0.0, seconds)
     moved = 0
     for batch_id, row in batches.items():
@@ -141,11 +236,13 @@ def estimates_refresh(now: datetime | None = None) -> int:
 
 
 def load_of(row: tuple, requests: int, measured: ModelThroughput | None,
-            now: datetime) -> eta.Load:
-    """The ETA model's view of one batch's work on one model."""
+            now: datetime, history: list[tuple[float, float, int]]) -> eta.Load:
+    """The ETA model's view of one batch's work on one model (row: the columns
+    estimates_refresh reads, the output limit at 10)."""
     batch_id, priority, owner_id, weight, expires_at, completed, failed, tokens = row[:8]
-    cost = eta.request_cost(completed + failed, tokens,
-                            measured.cost_per_request if measured else 1.0)
+    prior = eta.answer_prior(history, row[10])
+    cost = eta.request_cost(completed + failed, tokens, 1.0 + prior if prior is not None
+                            else measured.cost_per_request if measured else 1.0)
     return eta.Load(batch_id=batch_id, remaining=requests * cost, priority=priority,
                     owner=owner_id, weight=weight, chunk=settings.BATCHGEN_CHUNK_SIZE * cost,
                     cost=cost,
@@ -186,8 +283,10 @@ def admission_eta(*, model: str, requests: int, window_seconds: float, priority:
     left = open_work().get(model, {})
     rows = {row[0]: row for row in Batch.objects.filter(id__in=list(left))
             .values_list("id", "priority", "owner_id", "owner__weight", "expires_at",
-                         "completed", "failed", "usage_output_tokens")}
-    loads = [load_of(rows[batch_id], count, measured, now)
+                         "completed", "failed", "usage_output_tokens",
+                         "estimated_completion_at", "at_risk", "output_limit_mean")}
+    history = answer_history(model)
+    loads = [load_of(rows[batch_id], count, measured, now, history)
              for batch_id, count in left.items() if batch_id in rows]
     loads.append(eta.Load(batch_id="", remaining=requests * measured.cost_per_request,
                           priority=priority, owner=owner_id, weight=weight,

@@ -150,6 +150,22 @@ def request_cost(done: int, output_tokens: int, fallback: float = 1.0) -> float:
     return 1.0 + output_tokens / done if done > 0 else fallback
 
 
+def answer_prior(history: Sequence[tuple[float, float, int]], limit: float | None) -> float | None:
+    """The output tokens a request is expected to answer, before any of its batch
+    finished, from the model's finished batches as (mean output limit of their
+    lines, output tokens per request, requests): their ratio of answer to limit,
+    weighted by requests, over the batches whose limit is within a factor of two of
+    `limit` (else over all), times `limit`. None without a limit or a history: a
+    batch of max_tokens 16 is not taken for one of 512 before it runs."""
+    if not limit or not history:
+        return None
+    near = [row for row in history if 0.5 <= row[0] / limit <= 2.0] or list(history)
+    requests = sum(count for *_, count in near)
+    if requests <= 0:
+        return None
+    return sum(output / cap * count for cap, output, count in near if cap > 0) / requests * limit
+
+
 def busy_seconds(intervals: Sequence[tuple[float, float]]) -> float:
     """The length of the union of [start, end) intervals: the time a model's
     workers were running at least one of the chunks measured, idle gaps left out."""

@@ -103,6 +103,10 @@ class Batch(models.Model):
     # worker of its model (batches/deadlines.py).
     estimated_completion_at = models.DateTimeField(null=True, blank=True)
     at_risk = models.BooleanField(default=False)
+    # The mean output token limit of its lines (max_completion_tokens, max_tokens, or
+    # the batch's max_decoding_length), set at validation; null when a line has none.
+    # The ETA's prior for its answers' length before any of them finished.
+    output_limit_mean = models.FloatField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
@@ -112,6 +116,8 @@ class Batch(models.Model):
             # The IntakePool's size sums the few batches holding capacity (batches.intake).
             models.Index(fields=["intake_reserved"], name="batch_intake_holders",
                          condition=models.Q(intake_reserved__gt=0)),
+            # A model's last finished batches (the ETA's answer-length prior).
+            models.Index(fields=["model", "status", "completed_at"], name="batch_model_finished"),
         ]
 
     def __str__(self) -> str:
@@ -223,6 +229,8 @@ class ModelThroughput(models.Model):
     rate = models.FloatField()
     cost_per_request = models.FloatField(default=1.0)
     workers = models.IntegerField(default=0)  # the live workers it was scaled to
+    # One chunk's pace, claim to close (0: not measured): a running chunk's tail.
+    chunk_rate = models.FloatField(default=0.0)
     measured_at = models.DateTimeField()
 
     def __str__(self) -> str:

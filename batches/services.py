@@ -301,7 +301,8 @@ def _admit(*, batch_id: str, report: ValidationReport) -> None:
             batch_size=1000,
         )
         batch_transition(batch_id=batch_id, to=S.IN_PROGRESS, total=report.total,
-                         dispatch_pass=starting_pass(), grouped=report.grouped)
+                         dispatch_pass=starting_pass(), grouped=report.grouped,
+                         output_limit_mean=report.output_limit_mean(batch.max_decoding_length))
         # robust: the admission is committed; a dispatch that fails now is covered by
         # the control worker's tick, and must not fail (and retry) the validation.
         transaction.on_commit(dispatch, robust=True)

@@ -7,7 +7,7 @@ the 8-byte digests of the custom_ids seen (for uniqueness) and the error list.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,8 +17,10 @@ import orjson
 from batches.chunking import ContiguousChunker, PrefixGroupingChunker
 from batches.input_file import BOM
 from serving.endpoints import endpoint_spec
+from serving.endpoints.base import EndpointSpec
 from serving.line_checks import LineError, shown
 from serving.line_schema import DecodeError
+from serving.params import OUTPUT_LIMIT_FIELDS
 
 MAX_CUSTOM_ID_LENGTH = 512
 # errors.data keeps the first this many bad lines; the error message gives the total.
@@ -41,6 +43,18 @@ class ValidationReport:
     errors: list[dict[str, Any]] = field(default_factory=list)
     chunks: list[ChunkSpan] = field(default_factory=list)
     grouped: bool = False  # chunks are ranges of the order file, not of the input
+    # The lines' output token limits (the ETA's answer-length prior): their sum over
+    # the lines that name one, and how many do.
+    output_limit_sum: int = 0
+    output_limited: int = 0
+
+    def output_limit_mean(self, default: int | None = None) -> float | None:
+        """The mean output limit per request, lines without one at `default`; None
+        when some line has none and there is no default."""
+        unlimited = self.total - self.output_limited
+        if not self.total or (unlimited and not default):
+            return None
+        return (self.output_limit_sum + unlimited * (default or 0)) / self.total
 
     def add_error(self, line: int, code: str, message: str, param: str | None = None) -> None:
         self.invalid += 1
@@ -158,10 +172,8 @@ def _check_lines(path: Path, report: ValidationReport,
     # lines (a false duplicate needs a collision, about 1 in 10^7 for 10^6 ids).
     seen: set[int] = set()
     add_to_chunk = chunker.add
-    spec = endpoint_spec(endpoint)
-    decode = spec.decoder.decode
-    key_of_line = spec.prefix_key_of_line
     grouped = chunker.grouped
+    fast = _fast_decoder(endpoint_spec(endpoint), grouped)
     line_number = 0
     offset = 0
     with path.open("rb") as fh:
@@ -181,11 +193,9 @@ def _check_lines(path: Path, report: ValidationReport,
             if not raw.strip():
                 continue
             try:
-                line = decode(raw)
-                custom_id = line.custom_id
-                model = line.body.model
-                key = key_of_line(line) if grouped else 0
+                custom_id, model, key, answer_limit = fast(raw)
             except DecodeError:
+                answer_limit = None
                 try:
                     custom_id, model, key = _check_slowly(raw, endpoint, grouped)
                 except LineError as error:
@@ -207,6 +217,33 @@ def _check_lines(path: Path, report: ValidationReport,
                 break
             if not report.invalid:  # once a line is bad nothing will be queued
                 add_to_chunk(line_start, offset, line_number, key, model)
+                report.output_limit_sum += answer_limit or 0
+                report.output_limited += bool(answer_limit)
+
+
+def _fast_decoder(spec: EndpointSpec, grouped: bool) -> Callable[[bytes], tuple]:
+    """The fast path: a line decoded by the endpoint's strict types (DecodeError if
+    they refuse it), as (custom_id, model, prefix key, output token limit or None)."""
+    decode, key_of_line = spec.decoder.decode, spec.prefix_key_of_line
+    # The output limit's names, the endpoint's own first.
+    own_limit, *other_limits = dict.fromkeys((spec.output_limit_field, *OUTPUT_LIMIT_FIELDS))
+
+    def fast(raw: bytes) -> tuple[str, str, Any, int | None]:
+        line = decode(raw)
+        body = line.body
+        return (line.custom_id, body.model, key_of_line(line) if grouped else 0,
+                getattr(body, own_limit, None) or _output_limit(body, other_limits))
+
+    return fast
+
+
+def _output_limit(body: Any, fields: list[str]) -> int | None:
+    """A decoded body's output token limit, under the first of `fields` it has."""
+    for name in fields:
+        value = getattr(body, name, None)
+        if value:
+            return value
+    return None
 
 
 def _check_slowly(raw: bytes, endpoint: str, grouped: bool) -> tuple[str, str, Any]:

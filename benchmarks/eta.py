@@ -1,253 +1,228 @@
-"""ETA accuracy and completion windows kept (issue 36), on a discrete-event model of
-the fleet, driven by the code the server runs: the ETA model (batches/eta.py), the
-deadline policy (batches/deadlines.py), the rate measurement (batches/eta.py's
-busy_seconds and request_cost, as batches/estimates.py uses them).
+"""ETA accuracy and completion windows kept (issue 36), on the fleet path.
 
-What is simulated, and what is not: N workers, each running up to `--chunks-per-worker`
-chunks of 200 requests at once, each request costing its output tokens times a
-per-token latency plus a prefill cost the estimator does not see (prompt tokens x
---prefill-weight), the worker's speed shared among its running chunks; a
-dispatcher that gives each free chunk thread the next chunk by stride scheduling
-over the same shares as batches/dispatch.py (and, with the policy on, the deadline
-policy's shares); progress counted per request, as the workers' flushes do; the
-estimate refresh every 5 s. Not simulated: processes, the database, the broker
-(benchmarks/fleet.py measures those); so these figures are the model's accuracy
-against a scheduler that behaves as the model assumes, with the workload's
-unseen costs (prompt lengths, varied output lengths, chunk granularity, arrivals)
-as its only sources of error.
+`manage.py serve --inference-workers N` on a fresh PostgreSQL database and a fresh
+RabbitMQ virtual host, the simulated engine with a time per token
+(BATCHGEN_SIM_TOKEN_LATENCY_MS; answers of varied lengths, engine_args
+answer_tokens, each cut at its line's max_tokens; prompt tokens at 1/20 of an output
+token, which the estimator never sees), several API keys. Every figure is read over
+HTTP as a client would: each key's batch list polled every second.
 
-    .venv/bin/python benchmarks/eta.py                  # both scenarios, 3 seeds
-    .venv/bin/python benchmarks/eta.py --quick          # smaller batches, one seed
+Accuracy: `--batches` batches of 50 to `--largest` requests (log-uniform), each of
+one of three answer lengths (max_tokens around 24, 96 or 256, varied line by line),
+on `--keys` keys, created at random times over the first `--arrivals` seconds. For
+each batch, the `estimated_completion_at` the API showed while it was still queued
+(no request done yet) and when 10 %, 25 % and 50 % of its requests were done, against
+its real `completed_at`: relative error = |ETA - completed_at| / (completed_at - time
+of the reading); a reading within MIN_LEFT seconds of the end says nothing and is
+left out. Goal: median at most 25 % (queued), 15 %, 10 %, 5 %; p90 reported.
 
-Reported: for every batch, the ETA's relative error (|ETA - real completion| / (real
-completion - time of the estimate)) while still queued and at 10 %, 25 % and 50 % of
-its requests done, median and p90 (goal: 25 %, 15 %, 10 %, 5 % median); and for the
-deadline scenario, the windows kept of the windows feasible with the policy on and
-off (goal: 100 % on).
+Windows: three 24 h batches on three keys, then (once the fleet's rate is measured
+from their progress) a batch on a fourth key with a window of `--short-slack` times
+what it takes with the whole fleet, plus WINDOW_MARGIN seconds: feasible, but short
+of what its fair quarter gives it. The same run with BATCHGEN_DEADLINE_POLICY on and
+off: windows kept of windows feasible (goal 100 % with the policy; without it, the
+short batch misses).
+
+    flock /tmp/batchgen-heavy.lock .venv/bin/python benchmarks/eta.py          # ~10 min
+    flock /tmp/batchgen-heavy.lock .venv/bin/python benchmarks/eta.py --only accuracy \\
+        --baseline /work/wt-old          # a worktree of an older commit, run first
+    flock /tmp/batchgen-heavy.lock .venv/bin/python benchmarks/eta.py --engine vllm \\
+        --only accuracy --workers 1 --slots 64 --batches 6 --largest 120 --arrivals 60 \\
+        --kinds 8,16,32                                           # the real engine
+
+benchmarks/eta_model.py is the discrete-event model of the same questions (no
+processes, a minute, deterministic): the policy's quick check while changing it.
 """
 
 from __future__ import annotations
 
 import argparse
-import heapq
+import json
 import math
 import random
 import statistics
+import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _common import mark_start, print_table, write_results  # noqa: E402
+from _common import (  # noqa: E402
+    DEFAULT_MODEL,
+    ROOT,
+    Server,
+    mark_start,
+    print_table,
+    scratch_dir,
+    server_env,
+    write_results,
+)
 
-from batches.deadlines import deadline_shares  # noqa: E402
-from batches.eta import Load, fair_shares, finish_times, measured_rate, request_cost  # noqa: E402
+from tests import services  # noqa: E402
+from tests.e2e.harness import fresh_postgres_database  # noqa: E402
+from tests.fleet.fleet import RabbitVhost  # noqa: E402
 
-CHUNK = 200
-THREADS = 4  # chunk threads a worker runs at once
-REFRESH = 5.0
-LAST_CHUNKS = 50
-CHECKPOINTS = (0.10, 0.25, 0.50)
-GOALS = {"queued": 0.25, "10%": 0.15, "25%": 0.10, "50%": 0.05}
+POLL = 1.0
+MIN_LEFT = 5.0  # a reading this close to the end (a refresh's period) is left out
+POINTS = {"queued": 0.25, "10%": 0.15, "25%": 0.10, "50%": 0.05}  # point -> goal (median)
+KINDS = (24, 96, 256)  # a batch's max_tokens, around which its lines vary
+WINDOW_MARGIN = 10  # seconds: the dispatch window and the last chunk's tail
+TERMINAL = {"completed", "failed", "expired", "cancelled"}
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 
 
-@dataclass
-class SimBatch:
-    id: str
-    owner: int
-    arrive: float
-    window: float
-    outputs: list[int]  # output tokens per request
-    prompts: list[int]
-    chunks: list[tuple[int, int]] = field(default_factory=list)  # (start, count) pending
-    done: float = 0.0  # requests done (fractional: progress within chunks)
-    out_done: float = 0.0  # output tokens of the requests done
-    passed: float = 0.0
-    finished: float | None = None
-    estimates: dict[str, tuple[float, float]] = field(default_factory=dict)  # point -> (at, eta)
-
-    @property
-    def total(self) -> int:
-        return len(self.outputs)
+# --- the fleet ----------------------------------------------------------------------------
 
 
 @dataclass
-class Running:
-    batch: SimBatch
-    count: int
-    work: float  # seconds of a whole worker
-    left: float
-    outputs: int
-    claimed: float
-
-
 class Fleet:
-    def __init__(self, *, workers: int, threads: int, token_seconds: float,
-                 prefill_weight: float, policy: bool) -> None:
-        self.workers, self.threads = workers, threads
-        self.token_seconds, self.prefill_weight, self.policy = token_seconds, prefill_weight, policy
-        self.running: list[list[Running]] = [[] for _ in range(workers)]
-        self.finished_chunks: list[tuple[float, float, int, str, int]] = []
-        self.batches: list[SimBatch] = []
-        self.now = 0.0
-        self.rate: float | None = None
-        self.cost_per_request = 1.0
+    server: Server
+    drop: object
+    vhost: RabbitVhost
+    keys: list[str] = field(default_factory=list)
 
-    # --- the rate, as batches/estimates.py measures it -------------------------------
-    def measure(self) -> None:
-        last = self.finished_chunks[-LAST_CHUNKS:] + [
-            (run.claimed, self.now, run.count * (1 - run.left / run.work), run.batch.id, worker)
-            for worker, chunks in enumerate(self.running) for run in chunks]
-        if not sum(count for _, _, count, _, _ in last):
-            return
-        by_id = {b.id: b for b in self.batches}
-        costs = [count * request_cost(round(by_id[bid].done), round(by_id[bid].out_done))
-                 for _, _, count, bid, _ in last]
-        rate = measured_rate([(start, end, cost) for (start, end, *_), cost
-                              in zip(last, costs, strict=True)])
-        if rate is None:
-            return
-        observed = len({worker for *_, worker in last})
-        self.rate = rate * self.workers / observed
-        self.cost_per_request = sum(costs) / sum(count for _, _, count, _, _ in last)
-
-    def loads(self) -> list[Load]:
-        loads = []
-        for batch in self.active():
-            cost = request_cost(round(batch.done), round(batch.out_done), self.cost_per_request)
-            loads.append(Load(batch_id=batch.id, remaining=(batch.total - batch.done) * cost,
-                              owner=batch.owner, time_left=batch.arrive + batch.window - self.now,
-                              chunk=CHUNK * cost, cost=cost))
-        return loads
-
-    def active(self) -> list[SimBatch]:
-        return [b for b in self.batches if b.arrive <= self.now and b.finished is None]
-
-    def refresh(self) -> None:
-        self.measure()
-        if not self.rate:
-            return
-        loads = self.loads()
-        rate = self.rate
-        played = finish_times(loads, rate, lambda active: deadline_shares(active, rate)
-                              if self.policy else fair_shares(active),
-                              worker_rate=rate / self.workers)
-        for batch in self.active():
-            eta = self.now + played[batch.id]
-            fraction = batch.done / batch.total
-            if batch.done == 0 and "queued" not in batch.estimates:
-                batch.estimates["queued"] = (self.now, eta)
-            for point in CHECKPOINTS:
-                key = f"{int(point * 100)}%"
-                if fraction >= point and key not in batch.estimates:
-                    batch.estimates[key] = (self.now, eta)
-
-    # --- the dispatcher ------------------------------------------------------------
-    def shares(self) -> dict[str, float]:
-        waiting = [b for b in self.active() if b.chunks]
-        loads = [load for load in self.loads() if any(b.id == load.batch_id for b in waiting)]
-        if self.policy and self.rate and len(loads) > 1:
-            return deadline_shares(loads, self.rate)
-        return fair_shares(loads)
-
-    def dispatch(self) -> None:
-        for worker in range(self.workers):
-            while len(self.running[worker]) < self.threads:
-                waiting = [b for b in self.active() if b.chunks]
-                if not waiting:
-                    return
-                shares = self.shares()
-                batch = min(waiting, key=lambda b: (b.passed, b.id))
-                start, count = batch.chunks.pop(0)
-                outputs = sum(batch.outputs[start:start + count])
-                prompts = sum(batch.prompts[start:start + count])
-                work = (outputs + count + prompts * self.prefill_weight) * self.token_seconds
-                self.running[worker].append(Running(batch, count, work, work, outputs, self.now))
-                batch.passed += count / shares[batch.id]
-
-    def arrive(self, batch: SimBatch) -> None:
-        low = [b.passed for b in self.active() if b.chunks]
-        batch.passed = min(low, default=0.0)
-        batch.chunks = [(start, min(CHUNK, batch.total - start))
-                        for start in range(0, batch.total, CHUNK)]
-
-    def advance(self, until: float) -> None:
-        """Run the workers until `until`, chunk completions as they come."""
-        while True:
-            step, where = until - self.now, None
-            for worker, chunks in enumerate(self.running):
-                for run in chunks:
-                    need = run.left * len(chunks)
-                    if need < step:
-                        step, where = need, (worker, run)
-            for chunks in self.running:
-                for run in chunks:
-                    spent = step / len(chunks)
-                    fraction = spent / run.work
-                    run.left -= spent
-                    run.batch.done += run.count * fraction
-                    run.batch.out_done += run.outputs * fraction
-            self.now += step
-            if where is None:
-                return
-            worker, run = where
-            self.running[worker].remove(run)
-            self.finished_chunks.append((run.claimed, self.now, run.count, run.batch.id, worker))
-            batch = run.batch
-            if not batch.chunks and not any(r.batch is batch for c in self.running for r in c):
-                batch.done, batch.finished = batch.total, self.now
-            self.dispatch()
+    def stop(self) -> None:
+        self.server.stop()
+        self.vhost.delete()
+        self.drop()
 
 
-def simulate(batches: list[SimBatch], **options) -> Fleet:
-    fleet = Fleet(**options)
-    fleet.batches = batches
-    arrivals = sorted(batches, key=lambda b: b.arrive)
-    events = [(b.arrive, 0, i) for i, b in enumerate(arrivals)]
-    heapq.heapify(events)
-    tick = 0.0
-    while any(b.finished is None for b in batches):
-        next_arrival = events[0][0] if events else float("inf")
-        tick += REFRESH
-        target = min(tick, next_arrival)
-        fleet.advance(target)
-        while events and events[0][0] <= fleet.now:
-            _, _, index = heapq.heappop(events)
-            fleet.arrive(arrivals[index])
-            fleet.dispatch()
-        if target == next_arrival:
-            tick -= REFRESH  # the refresh is still due at its time
-            continue
-        fleet.refresh()
+def start_fleet(work: Path, args, *, policy: bool, port: int, name: str,
+                root: Path = ROOT) -> Fleet:
+    services.require("postgresql")
+    services.require("rabbitmq")
+    database_url, drop = fresh_postgres_database(services.POSTGRES_URL)
+    storage = work / f"storage-{name}"
+    vhost = RabbitVhost(services.RABBITMQ_URL)
+    vhost.create(server_env(storage=storage, broker_url=services.RABBITMQ_URL))
+    settings = {"BATCHGEN_MAX_POOL_SIZE": str(args.slots),
+                "BATCHGEN_CHUNK_SIZE": str(args.chunk),
+                "BATCHGEN_MIN_COMPLETION_WINDOW_SECONDS": "30",
+                "BATCHGEN_DEADLINE_POLICY": "true" if policy else "false"}
+    if args.engine == "simulated":
+        settings |= {"BATCHGEN_SIM_TOKEN_LATENCY_MS": str(args.token_ms),
+                     "BATCHGEN_ENGINE_ARGS": json.dumps({"answer_tokens": [8, 300]})}
+    else:  # the real engine: the e2e tests' settings for SmolLM2 on a CPU
+        settings |= {"BATCHGEN_MODELS": f"m={args.model}", "BATCHGEN_MAX_CONTEXT_LENGTH": "512"}
+    env = server_env(storage=storage, database_url=database_url, broker_url=vhost.url,
+                     engine=args.engine, **settings)
+    # The checkout's own modules, whichever the benchmark runs from.
+    env["PYTHONPATH"] = ":".join([*(p for p in env.get("PYTHONPATH", "").split(":")
+                                    if p and Path(p).resolve() != ROOT), str(root)])
+    server = Server(storage=storage, env=env, web_workers=None, port=port, root=root,
+                    args=["--inference-workers", str(args.workers)])
+    fleet = Fleet(server, drop, vhost)
+    try:
+        server.start(ready_timeout=600)
+        for i in range(args.keys):
+            done = subprocess.run([sys.executable, "manage.py", "createapikey", f"key{i}"],
+                                  cwd=root, env=env, capture_output=True, text=True,
+                                  timeout=120, check=True)
+            fleet.keys.append(done.stdout.strip())
+    except BaseException:
+        fleet.stop()
+        raise
     return fleet
 
 
-def lengths(rng: random.Random, n: int, mean_out: int) -> tuple[list[int], list[int]]:
-    outputs = [max(1, int(rng.lognormvariate(0, 0.6) * mean_out)) for _ in range(n)]
-    prompts = [rng.randint(20, 400) for _ in range(n)]
-    return outputs, prompts
+class Client:
+    def __init__(self, base_url: str, key: str) -> None:
+        self.http = httpx.Client(base_url=base_url, timeout=120,
+                                 headers={"Authorization": f"Bearer {key}"})
+
+    def upload(self, content: bytes) -> str:
+        answer = self.http.post("/v1/files", files={"file": ("in.jsonl", content)},
+                                data={"purpose": "batch"})
+        answer.raise_for_status()
+        return answer.json()["id"]
+
+    def create(self, file_id: str, window: str = "24h") -> dict:
+        answer = self.http.post("/v1/batches", json={
+            "input_file_id": file_id, "endpoint": "/v1/chat/completions",
+            "completion_window": window})
+        answer.raise_for_status()
+        return answer.json()
+
+    def batches(self) -> list[dict]:
+        answer = self.http.get("/v1/batches", params={"limit": 100})
+        answer.raise_for_status()
+        return answer.json()["data"]
 
 
-def mixed_workload(rng: random.Random, count: int, largest: int) -> list[SimBatch]:
-    batches = []
+def lines(rng: random.Random, count: int, prefix: str, kind: int) -> bytes:
+    out = []
     for i in range(count):
-        size = int(round(10 ** rng.uniform(math.log10(50), math.log10(largest))))
-        size = max(50, min(largest, size))
-        outputs, prompts = lengths(rng, size, rng.choice([30, 100, 300]))
-        batches.append(SimBatch(id=f"b{i:02d}", owner=i % 3, arrive=rng.uniform(0, 600),
-                                window=86400, outputs=outputs, prompts=prompts))
-    return batches
+        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 150)))
+        body = {"model": "m", "max_tokens": rng.randint(kind // 2, kind * 3 // 2),
+                "messages": [{"role": "user", "content": f"{prefix} {i} {words}"}]}
+        out.append(json.dumps({"custom_id": f"{prefix}-{i}", "method": "POST",
+                               "url": "/v1/chat/completions", "body": body}))
+    return ("\n".join(out) + "\n").encode()
 
 
-def errors(batches: list[SimBatch]) -> dict[str, list[float]]:
-    found: dict[str, list[float]] = {key: [] for key in GOALS}
-    for batch in batches:
-        for key, (at, eta) in batch.estimates.items():
-            left = batch.finished - at
-            if left > REFRESH:  # an estimate made within a refresh of the end says nothing
-                found[key].append(abs(eta - batch.finished) / left)
+# --- watching batches over HTTP -------------------------------------------------------------
+
+
+@dataclass
+class Watched:
+    id: str
+    key: int
+    created: float
+    samples: list[tuple[float, str, int, int, int | None]] = field(default_factory=list)
+    final: dict | None = None
+
+    def done(self) -> bool:
+        return self.final is not None
+
+
+def poll(clients: list[Client], watched: dict[str, Watched]) -> None:
+    for client in clients:
+        now = time.time()
+        for batch in client.batches():
+            seen = watched.get(batch["id"])
+            if seen is None or seen.done():
+                continue
+            counts = batch["request_counts"]
+            seen.samples.append((now, batch["status"], counts["completed"] + counts["failed"],
+                                 counts["total"], batch.get("estimated_completion_at")))
+            if batch["status"] in TERMINAL:
+                seen.final = batch
+
+
+def readings(batch: Watched) -> dict[str, tuple[float, int]]:
+    """The first ETA the API showed at each point: point -> (when, ETA)."""
+    found: dict[str, tuple[float, int]] = {}
+    for at, status, done, total, eta in batch.samples:
+        if eta is None or status in TERMINAL:
+            continue
+        if done == 0 and "queued" not in found:
+            found["queued"] = (at, eta)
+        for point in ("10%", "25%", "50%"):
+            if total and done / total >= int(point[:-1]) / 100 and point not in found:
+                found[point] = (at, eta)
     return found
+
+
+def errors(batches: list[Watched]) -> tuple[dict[str, list[float]], list[dict]]:
+    found: dict[str, list[float]] = {point: [] for point in POINTS}
+    detail = []
+    for batch in batches:
+        real = batch.final.get("completed_at") if batch.final else None
+        row = {"batch": batch.id, "key": batch.key, "status": batch.final and
+               batch.final["status"], "total": batch.samples[-1][3] if batch.samples else 0,
+               "took": real and real - batch.created}
+        for point, (at, eta) in readings(batch).items():
+            if real is None or real - at < MIN_LEFT:
+                continue
+            error = abs(eta - real) / (real - at)
+            found[point].append(error)
+            row[point] = round(error, 3)
+            row[f"{point} read/eta"] = (round(at - batch.created, 1), eta - round(batch.created))
+        detail.append(row)
+    return found, detail
 
 
 def p(values: list[float], q: float) -> float:
@@ -255,92 +230,152 @@ def p(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
-def accuracy(args) -> dict:
-    pooled: dict[str, list[float]] = {key: [] for key in GOALS}
-    for seed in range(args.seeds):
-        rng = random.Random(seed)
-        for workers in (2, 4):
-            batches = mixed_workload(rng, args.batches, args.largest)
-            simulate(batches, workers=workers, threads=THREADS,
-                     token_seconds=args.token_seconds, prefill_weight=args.prefill_weight,
-                     policy=True)
-            for key, values in errors(batches).items():
-                pooled[key].extend(values)
-    rows = [[key, len(values), statistics.median(values) if values else float("nan"),
-             p(values, 0.9), GOALS[key]] for key, values in pooled.items()]
-    print_table("ETA relative error (all seeds, 2 and 4 workers)",
-                ["point", "estimates", "median", "p90", "goal (median)"], rows)
-    return {key: {"n": len(v), "median": statistics.median(v) if v else None, "p90": p(v, 0.9)}
-            for key, v in pooled.items()}
+# --- the scenarios ---------------------------------------------------------------------------
 
 
-def deadlines(args) -> dict:
-    """Three long 24 h batches, then a short-window batch behind them."""
-    results = {}
-    for policy in (False, True):
-        kept = feasible = 0
-        detail = []
-        for seed in range(args.seeds):
-            rng = random.Random(100 + seed)
-            long = []
-            for i in range(3):
-                outputs, prompts = lengths(rng, args.long_requests, 100)
-                long.append(SimBatch(id=f"long{i}", owner=i, arrive=0.0, window=86400,
-                                     outputs=outputs, prompts=prompts))
-            outputs, prompts = lengths(rng, args.short_requests, 100)
-            work = (sum(outputs) + len(outputs) + args.prefill_weight * sum(prompts)) \
-                * args.token_seconds
-            # Feasible: --short-slack times what the batch takes with the whole
-            # fleet, plus a chunk's time for a chunk thread to free up; short of
-            # its fair quarter share.
-            chunk_time = work / len(outputs) * CHUNK * THREADS
-            short = SimBatch(id="short", owner=3, arrive=60.0,
-                             window=args.short_slack * work / args.workers + chunk_time,
-                             outputs=outputs, prompts=prompts)
-            batches = [*long, short]
-            simulate(batches, workers=args.workers, threads=THREADS,
-                     token_seconds=args.token_seconds, prefill_weight=args.prefill_weight,
-                     policy=policy)
-            for batch in batches:
-                feasible += 1
-                ok = batch.finished <= batch.arrive + batch.window
-                kept += ok
-                detail.append({"batch": batch.id, "seed": seed, "window": batch.window,
-                               "took": batch.finished - batch.arrive, "kept": ok})
-        results["on" if policy else "off"] = {"kept": kept, "feasible": feasible,
-                                              "batches": detail}
+def accuracy(work: Path, args, root: Path = ROOT, label: str = "this") -> dict:
+    rng = random.Random(args.seed)
+    fleet = start_fleet(work, args, policy=True, port=args.port + (label != "this") * 10,
+                        name=f"accuracy-{label}", root=root)
+    try:
+        clients = [Client(fleet.server.base_url, key) for key in fleet.keys]
+        plan = []
+        for i in range(args.batches):
+            size = int(round(10 ** rng.uniform(math.log10(50), math.log10(args.largest))))
+            key, kind = i % len(clients), rng.choice(args.kinds)
+            plan.append((rng.uniform(0, args.arrivals), key, kind,
+                         clients[key].upload(lines(rng, size, f"b{i}", kind))))
+        plan.sort()
+        print(f"accuracy ({label}): {args.batches} batches, {args.workers} workers, uploaded",
+              flush=True)
+        watched: dict[str, Watched] = {}
+        started = time.time()
+        while len(watched) < len(plan) or not all(b.done() for b in watched.values()):
+            while len(watched) < len(plan) and plan[len(watched)][0] <= time.time() - started:
+                _, key, _, file_id = plan[len(watched)]
+                batch = clients[key].create(file_id)
+                watched[batch["id"]] = Watched(batch["id"], key, time.time())
+            poll(clients, watched)
+            if time.time() - started > args.timeout:
+                print("accuracy: timed out", flush=True)
+                break
+            time.sleep(POLL)
+        wall = time.time() - started
+    finally:
+        fleet.stop()
+    found, detail = errors(list(watched.values()))
+    if args.trace:  # every reading, for a closer look: (seconds since create, done, total, ETA)
+        Path(f"{args.trace}-{label}.json").write_text(json.dumps(
+            {b.id: [(round(at - b.created, 1), done, total, eta and eta - round(b.created))
+                    for at, _, done, total, eta in b.samples] for b in watched.values()}))
+    rows = [[point, len(v), statistics.median(v) if v else float("nan"), p(v, 0.9), goal,
+             "met" if v and statistics.median(v) <= goal else "not met"]
+            for (point, goal), v in zip(POINTS.items(), found.values(), strict=True)]
+    print_table(f"ETA relative error, {label} ({root.name}; {args.engine}, {args.workers} "
+                f"workers, {wall:.0f} s)",
+                ["point", "readings", "median", "p90", "goal (median)", ""], rows)
+    return {"checkout": str(root), "wall_s": round(wall, 1), "points": {
+        point: {"n": len(v), "median": statistics.median(v) if v else None, "p90": p(v, 0.9)}
+        for point, v in found.items()}, "batches": detail}
+
+
+def windows_run(work: Path, args, policy: bool) -> dict:
+    rng = random.Random(args.seed + 1)
+    fleet = start_fleet(work, args, policy=policy, port=args.port + 1 + policy,
+                        name=f"windows-{policy}")
+    try:
+        clients = [Client(fleet.server.base_url, key) for key in fleet.keys[:4]]
+        long_files = [c.upload(lines(rng, args.long_requests, f"long{i}", 96))
+                      for i, c in enumerate(clients[:3])]
+        short_file = clients[3].upload(lines(rng, args.short_requests, "short", 96))
+        watched: dict[str, Watched] = {}
+        for i, file_id in enumerate(long_files):
+            batch = clients[i].create(file_id)
+            watched[batch["id"]] = Watched(batch["id"], i, time.time())
+        started = time.time()
+        while time.time() - started < args.warm:  # the fleet's rate, from their progress
+            poll(clients, watched)
+            time.sleep(POLL)
+        done = sum(b.samples[-1][2] for b in watched.values())
+        rate = done / (time.time() - started)
+        window = math.ceil(args.short_slack * args.short_requests / rate) + WINDOW_MARGIN
+        short = clients[3].create(short_file, f"{window}s")
+        watched[short["id"]] = Watched(short["id"], 3, time.time())
+        while not all(b.done() for b in watched.values()):
+            poll(clients, watched)
+            if time.time() - started > args.timeout:
+                break
+            time.sleep(POLL)
+    finally:
+        fleet.stop()
+    detail = []
+    for batch in watched.values():
+        final = batch.final or {}
+        limit = final.get("expires_at") or batch.created + 86400
+        finished = final.get("completed_at")
+        detail.append({"batch": "short" if batch.id == short["id"] else f"long{batch.key}",
+                       "status": final.get("status"), "window_s": round(limit - batch.created),
+                       "took_s": finished and round(finished - batch.created, 1),
+                       "kept": final.get("status") == "completed" and finished <= limit})
+    return {"rate_req_s": round(rate, 1), "window_s": window,
+            "kept": sum(d["kept"] for d in detail), "feasible": len(detail), "batches": detail}
+
+
+def windows(work: Path, args) -> dict:
+    results = {name: windows_run(work, args, policy)
+               for name, policy in (("off", False), ("on", True))}
     rows = [[name, r["kept"], r["feasible"], 100.0 * r["kept"] / r["feasible"],
-             ", ".join(f"{d['batch']}:{d['took']:.0f}/{d['window']:.0f}s" for d in r["batches"]
-                       if d["batch"] == "short")]
+             ", ".join(f"{d['batch']}:{d['status']} {d['took_s']}/{d['window_s']}s"
+                       for d in r["batches"] if d["batch"] == "short"), r["rate_req_s"]]
             for name, r in results.items()]
     print_table("Windows kept of windows feasible (short batch: took/window)",
-                ["policy", "kept", "feasible", "%", "short"], rows)
+                ["policy", "kept", "feasible", "%", "short", "fleet req/s"], rows)
     return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--batches", type=int, default=12)
-    parser.add_argument("--largest", type=int, default=50_000)
-    parser.add_argument("--token-seconds", type=float, default=0.001,
-                        help="a worker's seconds per output token (its whole speed)")
-    parser.add_argument("--prefill-weight", type=float, default=0.02,
-                        help="cost of a prompt token against an output token (unseen)")
-    parser.add_argument("--workers", type=int, default=4, help="workers (deadline scenario)")
-    parser.add_argument("--long-requests", type=int, default=10_000)
-    parser.add_argument("--short-requests", type=int, default=4_000)
-    parser.add_argument("--short-slack", type=float, default=1.5,
-                        help="the short window: this times its work on the whole fleet, "
-                             "plus a chunk's time")
+    parser.add_argument("--only", choices=["accuracy", "windows"])
+    parser.add_argument("--engine", default="simulated", choices=["simulated", "vllm"])
+    parser.add_argument("--model", default=str(DEFAULT_MODEL),
+                        help="the real engine's model folder (a worktree: the main checkout's)")
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--keys", type=int, default=4)
+    parser.add_argument("--slots", type=int, default=12, help="BATCHGEN_MAX_POOL_SIZE")
+    parser.add_argument("--chunk", type=int, default=50, help="BATCHGEN_CHUNK_SIZE")
+    parser.add_argument("--token-ms", type=float, default=20.0,
+                        help="BATCHGEN_SIM_TOKEN_LATENCY_MS")
+    parser.add_argument("--kinds", type=lambda v: [int(x) for x in v.split(",")],
+                        default=list(KINDS), help="the batches' max_tokens, around which "
+                        "their lines vary (one per batch)")
+    parser.add_argument("--batches", type=int, default=14)
+    parser.add_argument("--largest", type=int, default=2000)
+    parser.add_argument("--arrivals", type=float, default=150.0)
+    parser.add_argument("--long-requests", type=int, default=1500)
+    parser.add_argument("--short-requests", type=int, default=900)
+    parser.add_argument("--short-slack", type=float, default=2.0)
+    parser.add_argument("--warm", type=float, default=25.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--port", type=int, default=12100)
+    parser.add_argument("--results", default="eta")
+    parser.add_argument("--trace", help="write every reading to TRACE-LABEL.json")
+    parser.add_argument("--baseline", type=Path,
+                        help="another checkout (a worktree of an older commit) whose server "
+                             "runs the same accuracy workload first, side by side")
     args = parser.parse_args()
     mark_start()
-    if args.quick:
-        args.seeds, args.largest, args.long_requests = 1, 5_000, 2_000
-    results = {"accuracy": accuracy(args), "deadlines": deadlines(args),
-               "options": vars(args)}
-    write_results("eta", results)
+    results: dict = {"options": vars(args)}
+    with scratch_dir("eta-") as work:
+        if args.only in (None, "accuracy"):
+            if args.baseline:
+                results["accuracy_baseline"] = accuracy(work, args, args.baseline.resolve(),
+                                                        "baseline")
+            results["accuracy"] = accuracy(work, args)
+            write_results(args.results, results)  # so far, should the windows run fail
+        if args.only in (None, "windows"):
+            results["windows"] = windows(work, args)
+    write_results(args.results, results)
 
 
 if __name__ == "__main__":

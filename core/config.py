@@ -163,7 +163,7 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
     Setting("--engine-args", "BATCHGEN_ENGINE_ARGS", "{}",
             "JSON passed to vLLM's engine arguments (tensor_parallel_size, "
             "gpu_memory_utilization, max_num_seqs, dtype, quantization, ...); the "
-            "simulated engine reads only fail_start ('config' or 'transient')",
+            "simulated engine reads its test knobs (fail_start, start_seconds, answer_tokens)",
             kind=dict),
     # Tokens (prompt + output, estimated) a worker admits into its engine at once.
     Setting("--token-budget", "BATCHGEN_TOKEN_BUDGET", "0",
@@ -178,6 +178,12 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
             kind=int, minimum=0),
     Setting("--sim-latency-ms", "BATCHGEN_SIM_LATENCY_MS", "0",
             "time per request of the simulated engine",
+            kind=float, minimum=0),
+    # Beside it, a time per token, so a batch of varied lengths takes varied time
+    # (benchmarks/eta.py): each output token costs this, each prompt token a
+    # twentieth of it (prefill is cheaper than decoding, as on a real engine).
+    Setting("--sim-token-latency-ms", "BATCHGEN_SIM_TOKEN_LATENCY_MS", "0",
+            "time per output token of the simulated engine (a prompt token: 1/20 of it)",
             kind=float, minimum=0),
     # The openai-http engine (inference/engines/openai_http.py): an OpenAI-compatible
     # server does the inference. Its timeouts are long because a batch request waits

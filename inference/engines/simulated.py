@@ -1,6 +1,14 @@
-"""The simulated engine: deterministic text, real-looking usage, a fixed latency.
+"""The simulated engine: deterministic text, real-looking usage, a latency per request
+(BATCHGEN_SIM_LATENCY_MS) plus one per token (BATCHGEN_SIM_TOKEN_LATENCY_MS: each
+output token, and each prompt token at PROMPT_TOKEN_FRACTION of it), all asyncio
+sleeps: requests in flight cost no CPU, so a 2-core machine can play a fleet.
 
-For load, fault and overhead tests only; never the default. Its output says so."""
+An answer is 8 words unless BATCHGEN_ENGINE_ARGS names a range, '{"answer_tokens":
+[20, 400]}': then each prompt's answer has its own length in that range (from the
+prompt's digest, so the same every time), cut at the request's max_tokens, as a
+model's answers are of varied lengths.
+
+For load, fault, overhead and ETA tests only; never the default. Its output says so."""
 
 from __future__ import annotations
 
@@ -12,6 +20,10 @@ from serving.endpoints import endpoint_spec
 from serving.endpoints.base import choice_count
 from serving.engines.base import Engine, EngineConfigError, EngineRequest, EngineResult
 from serving.engines.registry import SIMULATED_CONTEXT
+
+# A prompt token's share of an output token's time: prefill runs a prompt's tokens
+# together, decoding one token after another.
+PROMPT_TOKEN_FRACTION = 0.05
 
 
 class SimulatedEngine(Engine):
@@ -76,7 +88,7 @@ class SimulatedEngine(Engine):
         # An adapter answers other text than its base model, as a real one would.
         salt = f"{model}\n" if model in adapters else ""
         digest = hashlib.sha256(f"{salt}{prompt}".encode()).hexdigest()
-        words = [f"sim{digest[i:i + 4]}" for i in range(0, 32, 4)]
+        words = self.answer_words(digest)
         completion_tokens = min(len(words), limit)
         text = " ".join(words[:completion_tokens])
         finish_reason = "length" if completion_tokens < len(words) else "stop"
@@ -91,5 +103,19 @@ class SimulatedEngine(Engine):
                                    request_body=request.body)
         # An embedding has no completion: its spec's usage says so.
         _, completion_tokens = spec.token_counts(body["usage"])
+        if self.config.sim_token_latency_ms:
+            await asyncio.sleep(self.config.sim_token_latency_ms / 1000 * (
+                completion_tokens + PROMPT_TOKEN_FRACTION * prompt_tokens))
         return EngineResult(body=body, prompt_tokens=prompt_tokens,
                             completion_tokens=completion_tokens)
+
+    def answer_words(self, digest: str) -> list[str]:
+        """The answer's words before max_tokens cuts them: 8, or as many as the
+        digest picks in the engine_args' answer_tokens range."""
+        words = [f"sim{digest[i:i + 4]}" for i in range(0, 32, 4)]
+        bounds = self.config.engine_args.get("answer_tokens")
+        if not bounds:
+            return words
+        low, high = int(bounds[0]), int(bounds[1])
+        length = low + int(digest[32:40], 16) % (high - low + 1)
+        return [words[i % len(words)] for i in range(length)]

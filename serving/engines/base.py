@@ -30,6 +30,7 @@ class EngineConfig:
     reasoning_parser: str = "deepseek_r1"  # vLLM reasoning parser used when parse_thinking
     tool_call_parser: str | None = None  # a vLLM tool parser name, e.g. "hermes"
     sim_latency_ms: float = 0.0  # simulated engine only
+    sim_token_latency_ms: float = 0.0  # simulated engine only: per output token
     # Tokens admitted into the engine at once; None = the engine's KV cache capacity.
     token_budget: int | None = None
     # The LoRA adapters of this model, each answered under its own name.

@@ -131,7 +131,8 @@ register(EngineSpec(
     name="simulated",
     engine_class="inference.engines.simulated:SimulatedEngine",
     settings={"sim_latency_ms": "BATCHGEN_SIM_LATENCY_MS",
-              # Only its fault switch, fail_start (inference/engines/simulated.py).
+              "sim_token_latency_ms": "BATCHGEN_SIM_TOKEN_LATENCY_MS",
+              # Its fault switches and cost knobs (inference/engines/simulated.py).
               "engine_args": "BATCHGEN_ENGINE_ARGS"},
     model_decides=False,  # it answers every endpoint, whatever model it names
     serves_adapters=True,  # it answers an adapter's name as its base's

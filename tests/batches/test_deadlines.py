@@ -10,6 +10,7 @@ import pytest
 from batches.deadlines import at_risk, deadline_shares, late
 from batches.eta import (
     Load,
+    answer_prior,
     busy_seconds,
     fair_finish_times,
     fair_shares,
@@ -58,6 +59,22 @@ def test_the_quick_play_agrees_with_the_event_play(loads):
     slow, quick = finish_times(loads, rate=7), fair_finish_times(loads, rate=7)
 
     assert quick == pytest.approx(slow)
+
+
+HISTORY = [(20.0, 19.0, 100), (400.0, 200.0, 100), (450.0, 180.0, 300)]
+
+
+@pytest.mark.parametrize(("history", "limit", "expected"), [
+    (HISTORY, 16, 16 * 0.95),  # only the batch of limit 20 is near 16
+    (HISTORY, 400, 400 * (0.5 * 100 + 0.4 * 300) / 400),  # 400 and 450, by requests
+    (HISTORY, 100, 100 * (0.95 * 100 + 0.5 * 100 + 0.4 * 300) / 500),  # none near: all
+    (HISTORY, None, None),  # lines without a limit: no prior
+    ([], 64, None),  # nothing finished yet
+])
+def test_the_answer_prior_scales_finished_batches_answers_to_the_limit(history, limit,
+                                                                        expected):
+    assert answer_prior(history, limit) == (None if expected is None
+                                            else pytest.approx(expected))
 
 
 def test_busy_time_leaves_idle_gaps_out():

@@ -288,3 +288,146 @@ def test_a_file_s_requests_are_estimated_from_its_head(tmp_path):
     estimate = estimates.requests_estimate(path=path, size=path.stat().st_size)
 
     assert estimate == pytest.approx(100_000, rel=0.001)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_refresh_task_through_a_database_outage_warns_once_and_resumes(
+        running_batch, monkeypatch, caplog):
+    """PostgreSQL cut off (through a TCP proxy: every connection reset, new ones
+    refused) while the beat runs batches.refresh_estimates at its ticks: one WARNING,
+    no ERROR and no traceback, and the first tick after the database is back writes
+    the estimate."""
+    import logging
+
+    from django.db import connection
+
+    from batches.tasks import refresh_estimates
+    from core import outage, transient
+    from tests.faults.tcp_proxy import TcpProxy
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the outage is a cut PostgreSQL connection (make test's second pass)")
+    monkeypatch.setattr(outage, "_down", {})
+    monkeypatch.setattr(transient._retrying, "sleep", lambda seconds: None)
+    model = served_model().id
+    live_workers(2, model)
+    batch = running_batch(40, chunk_size=2)
+    now = timezone.now()
+    finish(batch, range(2), workers=["w0", "w1"], started=now - timedelta(seconds=5), seconds=2)
+    real = dict(connection.settings_dict)
+    proxy = TcpProxy(real["HOST"] or "127.0.0.1", int(real["PORT"] or 5432)).start()
+    try:
+        connection.close()
+        connection.settings_dict.update(HOST="127.0.0.1", PORT=str(proxy.port))
+        connection.ensure_connection()
+        caplog.clear()
+        proxy.cut()
+        with caplog.at_level(logging.INFO):
+            ticks = [refresh_estimates.apply() for _ in range(3)]
+            proxy.restore()
+            after = refresh_estimates.apply()
+    finally:
+        connection.close()
+        connection.settings_dict.update(HOST=real["HOST"], PORT=real["PORT"])
+        proxy.close()
+
+    assert [tick.result for tick in ticks] == ["skipped: the database is unreachable"] * 3
+    assert after.successful() and after.result == 1, after.traceback
+    loud = [(r.name, r.levelname) for r in caplog.records if r.levelno >= logging.WARNING]
+    assert loud == [("batchgen.outage", "WARNING")]
+    assert not [r for r in caplog.records if r.exc_info]
+    assert Batch.objects.get(id=batch.id).estimated_completion_at is not None
+
+
+@pytest.mark.parametrize(("limit", "seconds"), [
+    (16, 10 * (1 + 16 * 0.95) / 10),  # short answers, as the batches of limit 20 gave
+    (400, 10 * (1 + 400 * 0.5) / 10),  # long ones, as the batch of limit 400 gave
+    (None, 10 * 101 / 10),  # no limit on its lines: the model's mean cost
+])
+def test_a_batch_before_any_answer_is_estimated_by_its_max_tokens(running_batch, limit,
+                                                                  seconds):
+    """Before any of its requests finished, a batch's answers are taken to be as long
+    as the model's finished batches answered for their max_tokens (eta.answer_prior),
+    not as long as the model's recent mean."""
+    model = served_model().id
+    live_workers(1, model)
+    now = timezone.now()
+    for cap, output in ((20, 19), (400, 200)):
+        done = running_batch(4, chunk_size=2)
+        Batch.objects.filter(id=done.id).update(
+            status=BatchStatus.COMPLETED, completed=4, usage_output_tokens=4 * output,
+            output_limit_mean=cap, completed_at=now)
+    ModelThroughput.objects.create(model=model, rate=10, cost_per_request=101, workers=1,
+                                   measured_at=now)
+    batch = running_batch(10, chunk_size=5)
+    Batch.objects.filter(id=batch.id).update(output_limit_mean=limit)
+
+    estimates.estimates_refresh(now)
+
+    eta_seconds = (Batch.objects.get(id=batch.id).estimated_completion_at - now).total_seconds()
+    assert eta_seconds == pytest.approx(seconds)
+
+
+def test_a_batch_whose_work_all_runs_already_ends_with_its_running_chunk(running_batch):
+    """Chunks in flight keep their worker whatever the shares: a batch with nothing
+    left to dispatch ends when its longest running chunk does, at one chunk's
+    measured pace, not at its fair share of the model behind three other batches."""
+    model = served_model().id
+    live_workers(2, model)
+    small = running_batch(10, chunk_size=2)
+    others = [running_batch(10, chunk_size=2) for _ in range(3)]
+    now = timezone.now()
+    finish(small, range(0, 4, 2), workers=["w0", "w1"], started=now - timedelta(seconds=10),
+           seconds=2)
+    finish(small, range(1, 4, 2), workers=["w0", "w1"], started=now - timedelta(seconds=8),
+           seconds=2)
+    Batch.objects.filter(id=small.id).update(completed=8)
+    Chunk.objects.filter(batch=small, index=4).update(status=ChunkStatus.RUNNING, worker="w0",
+                                                      claimed_at=now)
+
+    estimates.estimates_refresh(now)
+
+    measured = ModelThroughput.objects.get(model=model)
+    assert measured.chunk_rate == pytest.approx(1.0)  # 2 requests in 2 s, each chunk
+    eta_seconds = (Batch.objects.get(id=small.id).estimated_completion_at - now).total_seconds()
+    assert eta_seconds == pytest.approx(2.0)  # fair share (a quarter of 2/s): 4 s
+    assert all(Batch.objects.get(id=other.id).estimated_completion_at for other in others)
+
+
+def test_a_batch_not_yet_dispatched_waits_for_the_broker_s_window_ahead_of_it(running_batch):
+    model = served_model().id
+    live_workers(1, model)
+    running_batch(10, chunk_size=2)  # ahead: all of its chunks in the broker's window
+    late = running_batch(4, chunk_size=2)
+    Chunk.objects.filter(batch=late).update(status=ChunkStatus.PENDING)
+    now = timezone.now()
+    ModelThroughput.objects.create(model=model, rate=2, cost_per_request=1, workers=1,
+                                   chunk_rate=2, measured_at=now)
+
+    estimates.estimates_refresh(now)
+
+    # Its 4 requests at half the model (2 s) from when the 10 ahead are claimed (5 s):
+    # by the fluid play alone, 4 s.
+    eta_seconds = (Batch.objects.get(id=late.id).estimated_completion_at - now).total_seconds()
+    assert eta_seconds == pytest.approx(4 + 5)
+
+
+def test_the_wait_for_a_chunk_thread_is_when_the_running_chunks_close(running_batch):
+    """Nothing queued ahead: a batch not yet dispatched starts when the first running
+    chunk closes (its 4 requests left at one chunk's pace of 2 a second: 2 s)."""
+    model = served_model().id
+    live_workers(1, model)
+    other = running_batch(4, chunk_size=4)
+    Chunk.objects.filter(batch=other).update(status=ChunkStatus.RUNNING, worker="w0",
+                                             claimed_at=timezone.now())
+    late = running_batch(4, chunk_size=2)
+    Chunk.objects.filter(batch=late).update(status=ChunkStatus.PENDING)
+    now = timezone.now()
+    ModelThroughput.objects.create(model=model, rate=2, cost_per_request=1, workers=1,
+                                   chunk_rate=2, measured_at=now)
+
+    estimates.estimates_refresh(now)
+
+    # The fluid play: half of 2 a second beside the other batch, 4 requests: 4 s.
+    eta_seconds = (Batch.objects.get(id=late.id).estimated_completion_at - now).total_seconds()
+    assert eta_seconds == pytest.approx(2 + 4)

@@ -324,3 +324,18 @@ def test_chunks_skip_blank_lines_and_read_back_through_bom_and_crlf(tmp_path):
     assert [c.count for c in report.chunks] == [2, 2, 1]
     assert [c.first_line for c in report.chunks] == [1, 4, 8]
     assert read_all(tmp_path, report) == [["r0", "r1"], ["r2", "r3"], ["r4"]]
+
+
+@pytest.mark.parametrize(("limits", "default", "mean"), [
+    ([16, 48], None, 32.0),  # max_tokens on every line
+    ([16, None], 100, 58.0),  # a line without one takes the batch's max_decoding_length
+    ([16, None], None, None),  # unknown: no prior
+    ([None, None], 64, 64.0),
+])
+def test_the_lines_output_limits_give_the_batch_s_mean_limit(tmp_path, limits, default, mean):
+    lines = [chat_line(f"c{i}", **({"max_tokens": limit} if limit else {}))
+             for i, limit in enumerate(limits)]
+    if limits[0]:  # chat's own name counts as max_tokens does
+        lines[0]["body"]["max_completion_tokens"] = lines[0]["body"].pop("max_tokens")
+    report = validate(tmp_path, jsonl(lines))
+    assert report.output_limit_mean(default) == mean
