@@ -38,6 +38,10 @@ class Worker(models.Model):
     # the limit of batch requests at the server and the signals it read; null when
     # the engine bounds nothing itself.
     admission = models.JSONField(null=True, blank=True)
+    # The context its engine started with (a remote server's max_model_len under
+    # BatchGen's cap), as of its heartbeat; 0 before the engine is ready. The web
+    # process shows it when it could not ask the server itself (serving.model_info).
+    max_context_length = models.IntegerField(default=0)
 
     class Meta:
         db_table = "inference_worker"

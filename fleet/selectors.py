@@ -9,7 +9,7 @@ import math
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Max, QuerySet
 from django.utils import timezone
 
 from core.transient import retry_transient
@@ -101,6 +101,14 @@ def live_workers_by_model() -> dict[str, int]:
     """How many live workers hold each model."""
     return dict(live_workers().values("model").annotate(workers=Count("name"))
                 .values_list("model", "workers"))
+
+
+def live_context_by_model() -> dict[str, int]:
+    """The context each model's live, ready workers started their engines with (the
+    largest, should they differ); a model none reports is absent."""
+    return dict(live_workers().filter(ready=True, max_context_length__gt=0)
+                .values("model").annotate(context=Max("max_context_length"))
+                .values_list("model", "context"))
 
 
 def adaptive_concurrency() -> list[dict]:

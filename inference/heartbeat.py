@@ -47,6 +47,8 @@ class Heartbeat:
             completed=state.completed, failed=state.failed_requests, tokens=state.tokens,
             storage_error=state.storage_error, held_chunks=self.held_chunk_ids(),
             admission=None if engines.engine is None else engines.engine.admission,
+            max_context_length=(engines.engine.max_context_length
+                                if engines.engine is not None and state.ready.is_set() else 0),
         )
 
     def beat(self) -> None:

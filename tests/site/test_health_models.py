@@ -15,12 +15,12 @@ pytestmark = pytest.mark.django_db
 
 
 def worker(name: str = "w1", *, ready: bool = True, age_seconds: float = 0,
-           stopped: bool = False) -> Worker:
+           stopped: bool = False, **fields) -> Worker:
     now = timezone.now()
     return Worker.objects.create(
         name=name, hostname="host", pid=1234, engine="simulated", model="m",
         slots_capacity=8, ready=ready, heartbeat_at=now - timedelta(seconds=age_seconds),
-        stopped_at=now if stopped else None,
+        stopped_at=now if stopped else None, **fields,
     )
 
 
@@ -50,6 +50,36 @@ def test_model_detail_returns_the_served_model(api):
 
     assert response.status_code == 200
     assert response.json() == api.get("/v1/models").json()["data"][0]
+
+
+@pytest.fixture
+def remote_model_unasked(settings):
+    """A remote engine's model whose server the web process could not ask (nothing
+    listens at its URL): the catalogue has no context for it."""
+    settings.BATCHGEN_ENGINE_URL = "http://127.0.0.1:9/v1"
+    settings.BATCHGEN_MODELS = "m=remote-model:openai-http"
+    served_model.cache_clear()
+    yield
+    served_model.cache_clear()
+
+
+def test_a_remote_models_context_comes_from_its_ready_worker_when_the_server_did_not_say(
+        api, remote_model_unasked):
+    """`serve` starts the web process and the engine's server together: the web process
+    may ask before the server is up, and read again only seconds later. /health is 200
+    as soon as a worker is ready, and /v1/models shows the context that worker's engine
+    started with meanwhile, not 0."""
+    assert api.get("/v1/models").json()["data"][0]["max_context_length"] == 0
+    worker("w-loading", ready=False, max_context_length=0)
+    worker("w-gone", age_seconds=3600, max_context_length=4096)
+    assert api.get("/v1/models").json()["data"][0]["max_context_length"] == 0
+
+    worker("w-ready", max_context_length=8192)
+
+    assert api.get("/health").status_code == 200
+    [model] = api.get("/v1/models").json()["data"]
+    assert (model["id"], model["engine"], model["max_context_length"]) == (
+        "m", "openai-http", 8192)
 
 
 @pytest.mark.parametrize("model_id", ["gpt-4o", "Kimi-K2.5", "org/some-model"])
