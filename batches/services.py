@@ -27,7 +27,7 @@ from batches.models import (
     LineError,
 )
 from batches.signals import batch_finished
-from batches.usage import USAGE_COLUMNS, batch_usage, output_digest_and_usage
+from batches.usage import USAGE_COLUMNS, OutputFigures, Usage, batch_usage, output_digest_and_usage
 from batches.validation import ValidationReport, validate_file
 from batches.windows import window_seconds
 from core.errors import BatchGenError, CapacityFull, NotFound, is_storage_full
@@ -379,13 +379,16 @@ class _StoredOutput:
         return self.store.open(self.name)
 
 
-def _compose_segments(store, batch_id: str) -> _StoredOutput:
+def _compose_segments(store, batch_id: str) -> tuple[int, str, Usage]:
     """On an object store: the counted segments composed into the output object, then
     their rows dropped and, once committed, the segment objects (orphans a dead
-    attempt left included) deleted (files.segments)."""
+    attempt left included) deleted (files.segments). Returns the output's size,
+    checksum and usage, taken as it was composed, or read back when the store copied
+    some of it."""
     name = storage.incremental_name(batch_id)
     counted = output_segments(batch_id=batch_id)
-    composed = segments.compose(store, counted, name)
+    figures = OutputFigures()
+    composed = segments.compose(store, counted, name, observe=figures.update)
     OutputSegment.objects.filter(batch_id=batch_id).delete()
     logger.info("output composed batch_id=%s segments=%s bytes=%s copied_parts=%s",
                 batch_id, len(counted), composed.size, composed.copied_parts)
@@ -394,10 +397,11 @@ def _compose_segments(store, batch_id: str) -> _StoredOutput:
         store.delete_many(list(store.names(f"incremental/{batch_id}/")))
 
     transaction.on_commit(delete_segments, robust=True)
-    return _StoredOutput(store, name)
+    if composed.copied_parts:
+        return output_digest_and_usage(_StoredOutput(store, name))
+    return figures.result()
 
 
-@retry_transient
 @retry_transient
 def batch_finalize(*, batch_id: str) -> Batch:
     """Register the incremental file as the output and close the batch, exactly once
@@ -421,11 +425,11 @@ def batch_finalize(*, batch_id: str) -> Batch:
                 repair_tail(output)
                 output.parent.mkdir(parents=True, exist_ok=True)
                 output.touch(exist_ok=True)
+                # One read for the checksum and the exact usage (the running figures
+                # may miss results a dead worker wrote but never flushed).
+                size, digest, usage = output_digest_and_usage(output)
             else:
-                output = _compose_segments(store, batch_id)
-            # One read for the checksum and the exact usage (the running figures may
-            # miss results a dead worker wrote but never flushed).
-            size, digest, usage = output_digest_and_usage(output)
+                size, digest, usage = _compose_segments(store, batch_id)
             batch.output_file = file_register_output(
                 batch_id=batch_id, owner=batch.owner, size=size, digest=digest,
                 expires_after_seconds=batch.output_expires_after_seconds)

@@ -69,26 +69,41 @@ def batch_usage(batch) -> Usage:
 _READ_BLOCK = 1 << 20
 
 
-def output_digest_and_usage(path: Path) -> tuple[int, str, Usage]:
-    """Size, sha256 and summed usage of an output file, in one streaming read.
+class OutputFigures:
+    """Size, sha256 and summed usage of an output, fed its bytes in order (a file read
+    back, or an object store's output as it is composed, files.segments.compose).
 
     Only lines holding a usage are parsed (an error line has none); the digest is
     fed whole blocks, so the parse is the only per-line cost. Measured: 2.4 s for a
     million 785-byte chat lines, against 0.4 s for the hash alone."""
-    digest = hashlib.sha256()
-    usage = Usage()
-    size = 0
-    tail = b""
+
+    def __init__(self) -> None:
+        self.digest = hashlib.sha256()
+        self.usage = Usage()
+        self.size = 0
+        self._tail = b""
+
+    def update(self, block: bytes) -> None:
+        self.digest.update(block)
+        self.size += len(block)
+        lines = (self._tail + block).split(b"\n")
+        self._tail = lines.pop()
+        for line in lines:
+            _add_line(self.usage, line)
+
+    def result(self) -> tuple[int, str, Usage]:
+        _add_line(self.usage, self._tail)  # empty after repair_tail, which finalization runs
+        self._tail = b""
+        return self.size, self.digest.hexdigest(), self.usage
+
+
+def output_digest_and_usage(path: Path) -> tuple[int, str, Usage]:
+    """Size, sha256 and summed usage of an output file, in one streaming read."""
+    figures = OutputFigures()
     with path.open("rb") as fh:
         while block := fh.read(_READ_BLOCK):
-            digest.update(block)
-            size += len(block)
-            lines = (tail + block).split(b"\n")
-            tail = lines.pop()
-            for line in lines:
-                _add_line(usage, line)
-    _add_line(usage, tail)  # empty after repair_tail, which finalization runs first
-    return size, digest.hexdigest(), usage
+            figures.update(block)
+    return figures.result()
 
 
 def _add_line(usage: Usage, line: bytes) -> None:

@@ -21,11 +21,11 @@ Here: the object-store side of that (naming, the ordered reader, the composition
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from files.backends import READ_BLOCK, S3_PART_BYTES, S3Storage
+from files.backends import S3_PART_BYTES, S3Storage
 
 # S3's rule for a multipart upload: every part but the last is at least 5 MiB.
 MIN_PART_BYTES = 5 * 1024 * 1024
@@ -52,24 +52,14 @@ def stream_end(segments: Sequence[Segment]) -> int:
     return sum(segment.size for segment in segments)
 
 
-def read_from(store: S3Storage, segments: Sequence[Segment], offset: int,
-              block: int = READ_BLOCK) -> Iterator[bytes]:
+def read_from(store: S3Storage, segments: Sequence[Segment], offset: int) -> Iterator[bytes]:
     """The counted segments as one byte stream from `offset`, in bounded blocks: the
     segment holding `offset` from there on (a ranged GET), then every later one whole."""
     start = 0
     for segment in segments:
         end = start + segment.size
         if end > offset and segment.size:
-            skip = max(0, offset - start)
-            kwargs = {"Range": f"bytes={skip}-"} if skip else {}
-            response = store._call(segment.name, store.client.get_object,
-                                   Bucket=store.bucket, Key=store.key(segment.name), **kwargs)
-            body = response["Body"]
-            try:
-                while data := body.read(block):
-                    yield data
-            finally:
-                body.close()
+            yield from store.get_bytes(segment.name, start=max(0, offset - start))
         start = end
 
 
@@ -81,10 +71,8 @@ def starts_a_line(store: S3Storage, segments: Sequence[Segment], offset: int) ->
         if offset == start:
             return True
         if offset < start + segment.size:
-            response = store._call(segment.name, store.client.get_object, Bucket=store.bucket,
-                                   Key=store.key(segment.name),
-                                   Range=f"bytes={offset - start - 1}-{offset - start - 1}")
-            return response["Body"].read() == b"\n"
+            at = offset - start - 1
+            return b"".join(store.get_bytes(segment.name, start=at, end=at + 1)) == b"\n"
         start += segment.size
     return offset == start
 
@@ -97,7 +85,8 @@ class Composed:
     uploaded_parts: int  # parts made of small segments, read and sent again
 
 
-def compose(store: S3Storage, segments: Sequence[Segment], name: str) -> Composed:
+def compose(store: S3Storage, segments: Sequence[Segment], name: str, *,
+            observe: Callable[[bytes], None] | None = None) -> Composed:
     """Write the segments, in order, as one object `name`.
 
     A segment of at least 5 MiB becomes a part of a multipart upload copied by the
@@ -105,7 +94,12 @@ def compose(store: S3Storage, segments: Sequence[Segment], name: str) -> Compose
     smaller segments are read and sent as parts of S3_PART_BYTES, since S3 refuses a
     part under 5 MiB except the last, a few of them read ahead at once
     (_small_bodies). Memory stays within about two parts. With nothing to compose,
-    the object is empty."""
+    the object is empty.
+
+    `observe` is given the bytes that pass through this process, in the stream's
+    order: all of them when no part was copied (`copied_parts` 0), so that the
+    output's checksum needs no second read."""
+    observe = observe or (lambda data: None)
     client, bucket = store.client, store.bucket
     key = store.key(name)
     if not any(segment.size for segment in segments):
@@ -129,6 +123,7 @@ def compose(store: S3Storage, segments: Sequence[Segment], name: str) -> Compose
     try:
         for segment, body in zip(segments, _small_bodies(store, segments), strict=True):
             if body is not None:
+                observe(body)
                 buffer += body
                 if len(buffer) >= S3_PART_BYTES:
                     send_buffer()
@@ -145,6 +140,7 @@ def compose(store: S3Storage, segments: Sequence[Segment], name: str) -> Compose
                 copied += 1
                 continue
             for data in read_from(store, [segment], 0):
+                observe(data)
                 buffer += data
                 if len(buffer) >= S3_PART_BYTES:
                     send_buffer()

@@ -164,10 +164,10 @@ def s3_storage(s3_server, settings, monkeypatch) -> str:
 
     for name, value in s3_server.env.items():
         monkeypatch.setenv(name, value)
-    backends._client.cache_clear()
+    backends.clear_clients()
     url = f"s3://{BUCKET}/{uuid.uuid4().hex}"
     settings.BATCHGEN_STORAGE_URL = url
     settings.BATCHGEN_S3_ADDRESSING_STYLE = "path"
     yield url
-    backends._client.cache_clear()
+    backends.clear_clients()
     outage._down.pop(outage.OBJECT_STORE, None)  # an outage a test made ends with it

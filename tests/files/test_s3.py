@@ -101,7 +101,7 @@ def test_a_store_that_does_not_answer_is_a_507_on_upload_and_a_503_on_download(
     file = upload(CONTENT)
     closed = s3_server.endpoint.rsplit(":", 1)[0] + ":1"  # nothing listens on port 1
     monkeypatch.setenv("AWS_ENDPOINT_URL", closed)
-    backends._client.cache_clear()
+    backends.clear_clients()
 
     handle = BytesIO(CONTENT)
     handle.name = "input.jsonl"

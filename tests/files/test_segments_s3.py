@@ -94,6 +94,50 @@ def test_composition_of_many_small_segments_read_ahead_keeps_their_order(store):
     assert composed.uploaded_parts >= 2
 
 
+def test_composition_shows_every_byte_in_order_unless_a_part_was_copied(store):
+    """The output's checksum and usage come from the bytes as they are composed
+    (batches.services._compose_segments): all of them, in the stream's order, when
+    every segment was read; a copied part's bytes never pass (then the output is read
+    back)."""
+    small = []
+    for seq in range(40):
+        name = segments.segment_name("batch_o", seq, 1, 0)
+        store.put_bytes(name, lines(f"o{seq}", 50 + seq))
+        small.append(Segment(name, len(lines(f"o{seq}", 50 + seq))))
+    seen: list[bytes] = []
+
+    composed = segments.compose(store, small, "incremental/batch_o.jsonl", observe=seen.append)
+
+    with store.open("incremental/batch_o.jsonl") as stream:
+        assert b"".join(seen) == stream.read() == b"".join(segments.read_from(store, small, 0))
+    assert composed.copied_parts == 0
+
+    big = lines("big", 6 * 1024 * 1024 // 100 + 1, width=68)
+    store.put_bytes("incremental/batch_o/big.jsonl", big)
+    seen.clear()
+    composed = segments.compose(store, [Segment("incremental/batch_o/big.jsonl", len(big)),
+                                        *small], "incremental/batch_o2.jsonl",
+                                observe=seen.append)
+    assert composed.copied_parts == 1
+    assert b"".join(seen) == b"".join(segments.read_from(store, small, 0))
+
+
+def test_a_line_start_is_found_with_a_one_byte_read(store):
+    first, second = lines("p", 3), lines("q", 2)
+    counted = [Segment(segments.segment_name("batch_l", 0, 1, 0), len(first)),
+               Segment(segments.segment_name("batch_l", 1, 1, 0), len(second))]
+    store.put_bytes(counted[0].name, first)
+    store.put_bytes(counted[1].name, second)
+    line = first.index(b"\n") + 1
+
+    starts = [offset for offset in range(len(first) + len(second) + 1)
+              if segments.starts_a_line(store, counted, offset)]
+
+    stream = first + second
+    assert starts == [0, *(i + 1 for i, byte in enumerate(stream) if byte == ord("\n"))]
+    assert line in starts and line + 1 not in starts
+
+
 def test_many_objects_go_with_one_request_and_a_missing_one_is_no_error(store):
     names = [put(store, segments.segment_name("batch_v", i, 1, 0), b"x\n").name
              for i in range(5)]
