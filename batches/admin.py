@@ -26,7 +26,10 @@ from batches.files_admin import file_download_url  # and registers the Files adm
 from batches.models import ACTIVE_STATUSES, Batch, BatchStatus, Chunk
 from batches.services import batch_cancel
 from core.errors import BatchGenError
-from files import storage
+from files import backends, storage
+from files.backends import StorageUnavailable
+from files.segments import read_from, stream_end
+from files.selectors import output_segments
 
 TAIL_LINES = 20
 TAIL_BYTES = 64 * 1024  # never read more of an incremental file than this
@@ -141,16 +144,12 @@ def file_links(file_id: str | None) -> str:
 
 def incremental_tail(batch_id: str, *, lines: int = TAIL_LINES,
                      max_bytes: int = TAIL_BYTES) -> list[str]:
-    """The last whole lines of a batch's incremental file, reading at most
-    `max_bytes` from its end however large it is."""
-    path = storage.absolute(storage.incremental_name(batch_id))
+    """The last whole lines of a batch's incremental output, reading at most
+    `max_bytes` from its end however large it is: the file on a path; on a bucket the
+    counted segments while the batch runs, the composed object once it is final."""
     try:
-        with path.open("rb") as fh:
-            size = fh.seek(0, os.SEEK_END)
-            start = max(0, size - max_bytes)
-            fh.seek(start)
-            data = fh.read(size - start)
-    except FileNotFoundError:
+        data, start = _incremental_end(batch_id, max_bytes)
+    except (FileNotFoundError, StorageUnavailable):
         return []
     if not data.endswith(b"\n"):
         data = data[:data.rfind(b"\n") + 1]  # a line still being written (or torn)
@@ -158,6 +157,22 @@ def incremental_tail(batch_id: str, *, lines: int = TAIL_LINES,
     if start > 0:
         parts = parts[1:]  # the first one is cut by the window
     return [p.decode("utf-8", errors="replace")[:TAIL_LINE_CHARS] for p in parts[-lines:]]
+
+
+def _incremental_end(batch_id: str, max_bytes: int) -> tuple[bytes, int]:
+    """The last `max_bytes` of the incremental output, and where they start in it."""
+    store = backends.current()
+    if isinstance(store, backends.S3Storage):
+        counted = output_segments(batch_id=batch_id)
+        if not counted:
+            return store.tail(storage.incremental_name(batch_id), max_bytes)
+        start = max(0, stream_end(counted) - max_bytes)
+        return b"".join(read_from(store, counted, start)), start
+    with storage.absolute(storage.incremental_name(batch_id)).open("rb") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        start = max(0, size - max_bytes)
+        fh.seek(start)
+        return fh.read(size - start), start
 
 
 # --- the admin ----------------------------------------------------------------------

@@ -162,6 +162,39 @@ def test_incremental_tail_reads_a_bounded_window_of_whole_lines(make_batch):
     assert incremental_tail("batch_missing") == []
 
 
+def test_incremental_tail_on_a_bucket_reads_the_segments_then_the_composed_output(
+        make_batch, s3_storage):
+    """On object storage the running output is counted segments (files/segments.py),
+    and after finalization one composed object: the admin shows the last lines of
+    either, reading a bounded window."""
+    from files import backends, segments
+    from files.models import OutputSegment
+
+    batch = make_batch(2)
+    store = backends.current()
+    offset = 0
+    for chunk in range(3):
+        data = b"".join(result_line(f"req-{chunk}-{i}") for i in range(400))
+        name = segments.segment_name(batch.id, chunk, 1, 0)
+        store.put_bytes(name, data)
+        OutputSegment.objects.create(batch_id=batch.id, chunk_id=chunk, name=name,
+                                     size=len(data), start_offset=offset)
+        offset += len(data)
+
+    def ids(lines: list[str]) -> list[str]:
+        return [line.split('"custom_id":"')[1].split('"')[0] for line in lines]
+
+    assert ids(incremental_tail(batch.id, lines=3, max_bytes=4096)) == [
+        "req-2-397", "req-2-398", "req-2-399"]
+    counted = [segments.Segment(row.name, row.size) for row in OutputSegment.objects.all()]
+    segments.compose(store, counted, storage.incremental_name(batch.id))
+    OutputSegment.objects.all().delete()
+    assert ids(incremental_tail(batch.id, lines=2, max_bytes=4096)) == [
+        "req-2-398", "req-2-399"]
+    assert len(incremental_tail(batch.id, lines=10_000)) < 1200  # within TAIL_BYTES
+    assert incremental_tail("batch_missing") == []
+
+
 # --- batches: cancel --------------------------------------------------------------------
 
 
