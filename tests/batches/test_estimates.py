@@ -19,6 +19,24 @@ from tests.concurrency import require_concurrent_database, run_together
 pytestmark = pytest.mark.django_db
 
 
+def eta_of(batch: Batch, now) -> float:
+    """Seconds from `now` to the batch's estimated completion, as refreshed."""
+    return (Batch.objects.get(id=batch.id).estimated_completion_at - now).total_seconds()
+
+
+def not_dispatched(batch: Batch) -> Batch:
+    """`batch` with none of its chunks sent to the broker yet."""
+    Chunk.objects.filter(batch=batch).update(status=ChunkStatus.PENDING)
+    return batch
+
+
+def measured_at(now, model: str, *, rate: float, cost_per_request: float = 1,
+                chunk_rate: float = 0.0) -> None:
+    """The model's throughput as one worker measured it at `now`."""
+    ModelThroughput.objects.create(model=model, rate=rate, cost_per_request=cost_per_request,
+                                   workers=1, chunk_rate=chunk_rate, measured_at=now)
+
+
 def live_workers(count: int, model: str) -> None:
     for n in range(Worker.objects.count(), count):
         Worker.objects.create(name=f"w{n}", hostname="h", pid=n, engine="simulated",
@@ -357,14 +375,13 @@ def test_a_batch_before_any_answer_is_estimated_by_its_max_tokens(running_batch,
         Batch.objects.filter(id=done.id).update(
             status=BatchStatus.COMPLETED, completed=4, usage_output_tokens=4 * output,
             output_limit_mean=cap, completed_at=now)
-    ModelThroughput.objects.create(model=model, rate=10, cost_per_request=101, workers=1,
-                                   measured_at=now)
+    measured_at(now, model, rate=10, cost_per_request=101)
     batch = running_batch(10, chunk_size=5)
     Batch.objects.filter(id=batch.id).update(output_limit_mean=limit)
 
     estimates.estimates_refresh(now)
 
-    eta_seconds = (Batch.objects.get(id=batch.id).estimated_completion_at - now).total_seconds()
+    eta_seconds = eta_of(batch, now)
     assert eta_seconds == pytest.approx(seconds)
 
 
@@ -389,7 +406,7 @@ def test_a_batch_whose_work_all_runs_already_ends_with_its_running_chunk(running
 
     measured = ModelThroughput.objects.get(model=model)
     assert measured.chunk_rate == pytest.approx(1.0)  # 2 requests in 2 s, each chunk
-    eta_seconds = (Batch.objects.get(id=small.id).estimated_completion_at - now).total_seconds()
+    eta_seconds = eta_of(small, now)
     assert eta_seconds == pytest.approx(2.0)  # fair share (a quarter of 2/s): 4 s
     assert all(Batch.objects.get(id=other.id).estimated_completion_at for other in others)
 
@@ -398,17 +415,15 @@ def test_a_batch_not_yet_dispatched_waits_for_the_broker_s_window_ahead_of_it(ru
     model = served_model().id
     live_workers(1, model)
     running_batch(10, chunk_size=2)  # ahead: all of its chunks in the broker's window
-    late = running_batch(4, chunk_size=2)
-    Chunk.objects.filter(batch=late).update(status=ChunkStatus.PENDING)
+    late = not_dispatched(running_batch(4, chunk_size=2))
     now = timezone.now()
-    ModelThroughput.objects.create(model=model, rate=2, cost_per_request=1, workers=1,
-                                   chunk_rate=2, measured_at=now)
+    measured_at(now, model, rate=2, chunk_rate=2)
 
     estimates.estimates_refresh(now)
 
     # Its 4 requests at half the model (2 s) from when the 10 ahead are claimed (5 s):
     # by the fluid play alone, 4 s.
-    eta_seconds = (Batch.objects.get(id=late.id).estimated_completion_at - now).total_seconds()
+    eta_seconds = eta_of(late, now)
     assert eta_seconds == pytest.approx(4 + 5)
 
 
@@ -420,14 +435,12 @@ def test_the_wait_for_a_chunk_thread_is_when_the_running_chunks_close(running_ba
     other = running_batch(4, chunk_size=4)
     Chunk.objects.filter(batch=other).update(status=ChunkStatus.RUNNING, worker="w0",
                                              claimed_at=timezone.now())
-    late = running_batch(4, chunk_size=2)
-    Chunk.objects.filter(batch=late).update(status=ChunkStatus.PENDING)
+    late = not_dispatched(running_batch(4, chunk_size=2))
     now = timezone.now()
-    ModelThroughput.objects.create(model=model, rate=2, cost_per_request=1, workers=1,
-                                   chunk_rate=2, measured_at=now)
+    measured_at(now, model, rate=2, chunk_rate=2)
 
     estimates.estimates_refresh(now)
 
     # The fluid play: half of 2 a second beside the other batch, 4 requests: 4 s.
-    eta_seconds = (Batch.objects.get(id=late.id).estimated_completion_at - now).total_seconds()
+    eta_seconds = eta_of(late, now)
     assert eta_seconds == pytest.approx(2 + 4)
