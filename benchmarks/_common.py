@@ -447,6 +447,19 @@ def mib(value: float) -> float:
 # --- profiling (optional: py-spy is not a project dependency) -----------------------
 
 
+def profiled_workers(server: Server, profile: Path | None) -> contextlib.ExitStack:
+    """py-spy on the server's inference and control workers for the block (the
+    scripts' --profile), each to PROFILE.inference.txt and PROFILE.control.txt; a
+    block that profiles nothing when `profile` is None."""
+    stack = contextlib.ExitStack()
+    if profile is not None:
+        roles = server_processes(server)
+        for role in ("inference worker", "control worker"):
+            stack.enter_context(PySpy(roles[role][0].pid,
+                                      profile.with_suffix(f".{role.split()[0]}.txt")))
+    return stack
+
+
 class PySpy:
     """`py-spy record` attached to one process for as long as the block runs, in raw
     (collapsed stack) format, summarised by function. Install it into the venv with

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import sys
 import time
 from pathlib import Path
@@ -36,11 +35,11 @@ from _common import (  # noqa: E402
     drive_batch,
     mark_start,
     print_table,
+    profiled_workers,
     running_server,
     scratch_dir,
     server_cpu_seconds,
     server_env_arg,
-    server_processes,
     server_timeline,
     wait_for_quiet,
     write_results,
@@ -128,17 +127,8 @@ def run_batchgen(path: Path, storage: Path, *, requests: int, chunk_size: int | 
             httpx.Client(base_url=server.base_url, timeout=600) as http:
         noise = wait_for_quiet()  # also lets start-up work (first heartbeats) settle
         cpu_before = server_cpu_seconds(server)
-
-        def spies() -> contextlib.ExitStack:
-            stack = contextlib.ExitStack()
-            if profile is not None:
-                processes = server_processes(server)
-                for role in ("inference worker", "control worker"):
-                    stack.enter_context(PySpy(processes[role][0].pid,
-                                              profile.with_suffix(f".{role.split()[0]}.txt")))
-            return stack
-
-        flow = drive_batch(http, path, poll=poll, timeout=timeout, during=spies)
+        flow = drive_batch(http, path, poll=poll, timeout=timeout,
+                           during=lambda: profiled_workers(server, profile))
         batch = flow.pop("batch")
         content = flow.pop("content")
         cpu_after = server_cpu_seconds(server)

@@ -24,7 +24,6 @@ Goal (issue 37): S3 within 1.3x of the path's end-to-end time.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import re
 import statistics
 import sys
@@ -42,6 +41,7 @@ from _common import (  # noqa: E402
     mark_start,
     mib,
     print_table,
+    profiled_workers,
     running_server,
     scratch_dir,
     server_cpu_seconds,
@@ -97,17 +97,6 @@ def composed(log: Path, batch_id: str) -> dict:
     return {"segments": 0, "composed_bytes": None, "copied_parts": 0}
 
 
-def profiled(server, profile: Path | None):
-    """py-spy on the inference and control workers for the block (--profile)."""
-    stack = contextlib.ExitStack()
-    if profile is not None:
-        roles = server_processes(server)
-        for role in ("inference worker", "control worker"):
-            stack.enter_context(PySpy(roles[role][0].pid,
-                                      profile.with_suffix(f".{role.split()[0]}.txt")))
-    return stack
-
-
 def run_once(path: Path, storage: Path, s3: S3Server, *, on_s3: bool, requests: int,
              poll: float, timeout: float, interval: float, profile: Path | None = None) -> dict:
     env = {"BATCHGEN_SIM_LATENCY_MS": "0"}
@@ -123,7 +112,7 @@ def run_once(path: Path, storage: Path, s3: S3Server, *, on_s3: bool, requests: 
         sampler.start()
         try:
             flow = drive_batch(http, path, poll=poll, timeout=timeout,
-                               during=lambda: profiled(server, profile))
+                               during=lambda: profiled_workers(server, profile))
         finally:
             sampler.stop()
         cpu_after = server_cpu_seconds(server)
