@@ -99,59 +99,79 @@ def compose(store: S3Storage, segments: Sequence[Segment], name: str, *,
     `observe` is given the bytes that pass through this process, in the stream's
     order: all of them when no part was copied (`copied_parts` 0), so that the
     output's checksum needs no second read."""
-    observe = observe or (lambda data: None)
-    client, bucket = store.client, store.bucket
-    key = store.key(name)
     if not any(segment.size for segment in segments):
-        store._call(name, client.put_object, Bucket=bucket, Key=key, Body=b"")
+        store._call(name, store.client.put_object, Bucket=store.bucket,
+                    Key=store.key(name), Body=b"")
         return Composed(name, 0, 0, 0)
-    upload = store._call(name, client.create_multipart_upload, Bucket=bucket, Key=key)
-    upload_id = upload["UploadId"]
-    parts: list[dict] = []
-    copied = uploaded = 0
-    buffer = bytearray()
-
-    def send_buffer() -> None:
-        nonlocal uploaded
-        response = store._call(name, client.upload_part, Bucket=bucket, Key=key,
-                               UploadId=upload_id, PartNumber=len(parts) + 1,
-                               Body=bytes(buffer))
-        parts.append({"PartNumber": len(parts) + 1, "ETag": response["ETag"]})
-        buffer.clear()
-        uploaded += 1
-
+    upload = _MultipartUpload(store, name, observe or (lambda data: None))
     try:
         for segment, body in zip(segments, _small_bodies(store, segments), strict=True):
             if body is not None:
-                observe(body)
-                buffer += body
-                if len(buffer) >= S3_PART_BYTES:
-                    send_buffer()
-                continue
-            if segment.size >= MIN_PART_BYTES and (not buffer or len(buffer) >= MIN_PART_BYTES):
-                if buffer:
-                    send_buffer()
-                response = store._call(
-                    name, client.upload_part_copy, Bucket=bucket, Key=key, UploadId=upload_id,
-                    PartNumber=len(parts) + 1,
-                    CopySource={"Bucket": bucket, "Key": store.key(segment.name)})
-                parts.append({"PartNumber": len(parts) + 1,
-                              "ETag": response["CopyPartResult"]["ETag"]})
-                copied += 1
-                continue
-            for data in read_from(store, [segment], 0):
-                observe(data)
-                buffer += data
-                if len(buffer) >= S3_PART_BYTES:
-                    send_buffer()
-        if buffer:
-            send_buffer()  # the last part may be small
-        store._call(name, client.complete_multipart_upload, Bucket=bucket, Key=key,
-                    UploadId=upload_id, MultipartUpload={"Parts": parts})
+                upload.add(body)
+            elif segment.size >= MIN_PART_BYTES and upload.may_copy():
+                upload.copy(segment)
+            else:
+                for data in read_from(store, [segment], 0):
+                    upload.add(data)
+        upload.complete()
     except BaseException:
-        client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+        upload.abort()
         raise
-    return Composed(name, stream_end(segments), copied, uploaded)
+    return Composed(name, stream_end(segments), upload.copied, upload.uploaded)
+
+
+class _MultipartUpload:
+    """The output object's multipart upload: bytes buffered into parts of
+    S3_PART_BYTES, or a whole segment copied by the store as one part."""
+
+    def __init__(self, store: S3Storage, name: str, observe: Callable[[bytes], None]) -> None:
+        self.store, self.name, self.observe = store, name, observe
+        self.key = store.key(name)
+        self.id = store._call(name, store.client.create_multipart_upload,
+                              Bucket=store.bucket, Key=self.key)["UploadId"]
+        self.parts: list[dict] = []
+        self.buffer = bytearray()
+        self.copied = self.uploaded = 0
+
+    def _part(self, call, **kwargs) -> dict:
+        return self.store._call(self.name, call, Bucket=self.store.bucket, Key=self.key,
+                                UploadId=self.id, PartNumber=len(self.parts) + 1, **kwargs)
+
+    def add(self, data: bytes) -> None:
+        self.observe(data)
+        self.buffer += data
+        if len(self.buffer) >= S3_PART_BYTES:
+            self._send()
+
+    def may_copy(self) -> bool:
+        """Whether a copied part may come next: what is buffered can go as a part."""
+        return not self.buffer or len(self.buffer) >= MIN_PART_BYTES
+
+    def copy(self, segment: Segment) -> None:
+        if self.buffer:
+            self._send()
+        response = self._part(self.store.client.upload_part_copy, CopySource={
+            "Bucket": self.store.bucket, "Key": self.store.key(segment.name)})
+        self.parts.append({"PartNumber": len(self.parts) + 1,
+                           "ETag": response["CopyPartResult"]["ETag"]})
+        self.copied += 1
+
+    def _send(self) -> None:
+        response = self._part(self.store.client.upload_part, Body=bytes(self.buffer))
+        self.parts.append({"PartNumber": len(self.parts) + 1, "ETag": response["ETag"]})
+        self.buffer.clear()
+        self.uploaded += 1
+
+    def complete(self) -> None:
+        if self.buffer:
+            self._send()  # the last part may be small
+        self.store._call(self.name, self.store.client.complete_multipart_upload,
+                         Bucket=self.store.bucket, Key=self.key, UploadId=self.id,
+                         MultipartUpload={"Parts": self.parts})
+
+    def abort(self) -> None:
+        self.store.client.abort_multipart_upload(Bucket=self.store.bucket, Key=self.key,
+                                                 UploadId=self.id)
 
 
 def _small_bodies(store: S3Storage, segments: Sequence[Segment]) -> Iterator[bytes | None]:
