@@ -9,6 +9,7 @@ from batches.validation import MAX_LISTED_ERRORS
 from batches.windows import InvalidWindow, window_check
 from core.pagination import list_envelope_serializer
 from files.serializers import ExpiresAfterSerializer, UnixTimestampField
+from fleet import selectors as fleet_selectors
 from serving.endpoints import NOT_BATCHED
 from serving.model_info import served_models
 from serving.params import SAMPLING_BOUNDS
@@ -147,7 +148,7 @@ class BatchCreateInputSerializer(serializers.Serializer):
         return value
 
     def validate_max_context_length(self, value):
-        limit = max(model.max_context_length for model in served_models())
+        limit = max(fleet_selectors.model_contexts().values())
         if value is not None and limit and value > limit:
             raise serializers.ValidationError(
                 f"max_context_length {value} exceeds the model's context of {limit} tokens.")

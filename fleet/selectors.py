@@ -103,12 +103,19 @@ def live_workers_by_model() -> dict[str, int]:
                 .values_list("model", "workers"))
 
 
-def live_context_by_model() -> dict[str, int]:
-    """The context each model's live, ready workers started their engines with (the
-    largest, should they differ); a model none reports is absent."""
-    return dict(live_workers().filter(ready=True, max_context_length__gt=0)
-                .values("model").annotate(context=Max("max_context_length"))
-                .values_list("model", "context"))
+def model_contexts() -> dict[str, int]:
+    """Each served model's context: the catalogue's (serving.model_info), else, for a
+    remote engine's model whose server this process could not ask yet (`serve`
+    starts both at once), the context its live, ready workers started their engines
+    with; 0 while none is ready. Only then is the database asked."""
+    models = served_models()
+    if all(model.max_context_length for model in models):
+        return {model.id: model.max_context_length for model in models}
+    reported = dict(live_workers().filter(ready=True, max_context_length__gt=0)
+                    .values("model").annotate(context=Max("max_context_length"))
+                    .values_list("model", "context"))
+    return {model.id: model.max_context_length or reported.get(model.id, 0)
+            for model in models}
 
 
 def adaptive_concurrency() -> list[dict]:

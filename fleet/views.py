@@ -48,9 +48,7 @@ def _models() -> list[dict]:
     """The served models, then the LoRA adapters: an adapter generates text where its
     base does, on its base's workers."""
     workers = selectors.live_workers_by_model()
-    # A remote engine's context, as the web process last heard it from the server, else
-    # as its workers did (the web process may have asked before the server was up).
-    contexts = selectors.live_context_by_model()
+    contexts = selectors.model_contexts()
     resident = selectors.resident_on()
     multiplexing = selectors.multiplexing_workers().exists()
     cannot_start = selectors.models_that_cannot_start() if multiplexing else {}
@@ -59,7 +57,7 @@ def _models() -> list[dict]:
              parent: str | None) -> dict:
         return {"id": name, "object": "model", "created": SERVER_STARTED,
                 "owned_by": "batchgen",
-                "max_context_length": model.max_context_length or contexts.get(model.id, 0),
+                "max_context_length": contexts[model.id],
                 "engine": model.engine, "endpoints": list(endpoints),
                 "live": workers.get(model.id, 0) > 0 or (multiplexing
                                                          and model.id not in cannot_start),

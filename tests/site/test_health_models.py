@@ -82,6 +82,24 @@ def test_a_remote_models_context_comes_from_its_ready_worker_when_the_server_did
         "m", "openai-http", 8192)
 
 
+def test_a_batch_over_a_remote_models_context_is_refused_while_the_server_was_not_asked(
+        api, upload, remote_model_unasked, published):
+    """Batch create checks `max_context_length` against the same context /v1/models
+    shows (fleet.selectors.model_contexts): the ready worker's, not an unknown 0 that
+    would let any value through."""
+    from tests.conftest import chat_line, jsonl
+
+    worker("w-ready", max_context_length=8192)
+    file_id = upload(jsonl([chat_line("a")]))["id"]
+
+    response = api.post("/v1/batches", {
+        "input_file_id": file_id, "endpoint": "/v1/chat/completions",
+        "completion_window": "24h", "max_context_length": 8193}, format="json")
+
+    error = error_of(response, 400)
+    assert error["param"] == "max_context_length" and "8192" in error["message"]
+
+
 @pytest.mark.parametrize("model_id", ["gpt-4o", "Kimi-K2.5", "org/some-model"])
 def test_model_detail_of_another_model_is_404(api, model_id):
     error = error_of(api.get(f"/v1/models/{model_id}"), 404)
