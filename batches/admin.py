@@ -24,12 +24,12 @@ from django.utils.html import format_html, format_html_join
 
 from batches.files_admin import file_download_url  # and registers the Files admin
 from batches.models import ACTIVE_STATUSES, Batch, BatchStatus, Chunk
+from batches.selectors import output_stream
 from batches.services import batch_cancel
 from core.errors import BatchGenError
 from files import backends, storage
 from files.backends import StorageUnavailable
 from files.segments import read_from, stream_end
-from files.selectors import output_segments
 
 TAIL_LINES = 20
 TAIL_BYTES = 64 * 1024  # never read more of an incremental file than this
@@ -149,7 +149,7 @@ def incremental_tail(batch_id: str, *, lines: int = TAIL_LINES,
     counted segments while the batch runs, the composed object once it is final."""
     try:
         data, start = _incremental_end(batch_id, max_bytes)
-    except (FileNotFoundError, StorageUnavailable):
+    except (Batch.DoesNotExist, FileNotFoundError, StorageUnavailable):
         return []
     if not data.endswith(b"\n"):
         data = data[:data.rfind(b"\n") + 1]  # a line still being written (or torn)
@@ -163,9 +163,7 @@ def _incremental_end(batch_id: str, max_bytes: int) -> tuple[bytes, int]:
     """The last `max_bytes` of the incremental output, and where they start in it."""
     store = backends.current()
     if isinstance(store, backends.S3Storage):
-        counted = output_segments(batch_id=batch_id)
-        if not counted:
-            return store.tail(storage.incremental_name(batch_id), max_bytes)
+        counted = output_stream(batch=Batch.objects.get(id=batch_id))
         start = max(0, stream_end(counted) - max_bytes)
         return b"".join(read_from(store, counted, start)), start
     with storage.absolute(storage.incremental_name(batch_id)).open("rb") as fh:

@@ -12,9 +12,20 @@ from batches.models import ACTIVE_STATUSES, Batch, Chunk, ChunkStatus, LineError
 from batches.residency import model_demand
 from core.models import KeyUsage
 from core.pagination import newest_first
+from files.segments import Segment
+from files.selectors import output_segments
 from fleet.models import ModelSwap, Residency
 from fleet.selectors import adaptive_concurrency, live_workers, resident_on
 from serving.model_info import served_models
+
+
+def output_stream(*, batch: Batch) -> list[Segment]:
+    """On an object store, the batch's incremental output as segments read in order
+    (files.segments): the counted ones while it runs, the composed output file once
+    it is final (one segment)."""
+    if batch.output_file_id is not None:
+        return [Segment(batch.output_file.storage_name, batch.output_file.bytes)]
+    return output_segments(batch_id=batch.id)
 
 
 def batch_list(*, after: str | None, owner=None) -> QuerySet[Batch]:

@@ -24,8 +24,7 @@ from core.parsers import JSONParser
 from core.representation import represent
 from files import backends, storage
 from files.incremental import enclosing_line, read_range, whole_lines_end
-from files.segments import Segment, read_from, starts_a_line, stream_end
-from files.selectors import output_segments
+from files.segments import read_from, starts_a_line, stream_end
 from files.views import IgnoreClientContentNegotiation
 from serving.model_info import served_model
 
@@ -118,10 +117,7 @@ def _output_on_object_store(store, batch, offset: int) -> StreamingHttpResponse:
     """The counted segments as one stream (files.segments): every segment holds whole
     lines, so the ends of segments are the places a reader can resume from; after
     finalization, the composed output file."""
-    if batch.output_file_id is not None:
-        counted = [Segment(batch.output_file.storage_name, batch.output_file.bytes)]
-    else:
-        counted = output_segments(batch_id=batch.id)
+    counted = selectors.output_stream(batch=batch)
     end = stream_end(counted)
     if offset > end:
         raise BatchGenError(f"offset {offset} is past the {end} bytes written so far.",

@@ -232,15 +232,6 @@ class S3Storage:
                 return
             yield bytes(block)
 
-    def tail(self, name: str, max_bytes: int) -> tuple[bytes, int]:
-        """The last `max_bytes` of an object (a suffix-ranged GET), and where they start."""
-        import obstore
-
-        result = self._call(name, obstore.get, self.objects, self.key(name),
-                            options={"range": {"suffix": max_bytes}})
-        data = bytes(self._call(name, result.bytes))
-        return data, result.meta["size"] - len(data)
-
     def open(self, name: str) -> BinaryIO:
         response = self._call(name, self.client.get_object, Bucket=self.bucket,
                               Key=self.key(name))

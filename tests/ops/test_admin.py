@@ -169,6 +169,7 @@ def test_incremental_tail_on_a_bucket_reads_the_segments_then_the_composed_outpu
     either, reading a bounded window."""
     from files import backends, segments
     from files.models import OutputSegment
+    from files.services import file_register_output
 
     batch = make_batch(2)
     store = backends.current()
@@ -187,8 +188,11 @@ def test_incremental_tail_on_a_bucket_reads_the_segments_then_the_composed_outpu
     assert ids(incremental_tail(batch.id, lines=3, max_bytes=4096)) == [
         "req-2-397", "req-2-398", "req-2-399"]
     counted = [segments.Segment(row.name, row.size) for row in OutputSegment.objects.all()]
-    segments.compose(store, counted, storage.incremental_name(batch.id))
+    composed = segments.compose(store, counted, storage.incremental_name(batch.id))
     OutputSegment.objects.all().delete()
+    output = file_register_output(batch_id=batch.id, owner=batch.owner, size=composed.size,
+                                  digest="0" * 64)
+    Batch.objects.filter(id=batch.id).update(output_file=output)
     assert ids(incremental_tail(batch.id, lines=2, max_bytes=4096)) == [
         "req-2-398", "req-2-399"]
     assert len(incremental_tail(batch.id, lines=10_000)) < 1200  # within TAIL_BYTES
