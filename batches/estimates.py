@@ -1,20 +1,27 @@
 """Estimates: each model's measured throughput and each running batch's ETA and
 at_risk, cached on the rows. The control worker refreshes them every few seconds
 (batches.refresh_estimates) so that a poll reads a column instead of playing the
-scheduler: a refresh costs a fixed handful of queries (two per model) plus one
+scheduler: a refresh costs a fixed handful of queries (a few per model) plus one
 single-row UPDATE per batch whose estimate moved (by 1 s and 1 % of its time to
 go), whatever the number of polls.
 
-The model is batches/eta.py (a fluid play of the dispatcher's fair share) under the
+The model is batches/eta.py's chunk play (eta.chunk_finish_times): the dispatcher
+and the workers played forward chunk by chunk from where every open chunk is now
+(held by a worker, in the broker's window, or pending), under the shares of the
 deadline policy dispatch applies (batches/deadlines.py). Its inputs, measured here:
 
-- a model's rate, in cost units (a request plus its output tokens) a second: the
-  work of its last LAST_CHUNKS finished chunks and of its running ones since the
-  earliest of those finished, over the time since then its workers were running at
-  least one of them (eta.measured_rate, idle gaps left out), scaled from the
-  workers that ran them to the live workers holding the model now. A model that
-  no worker holds now (multiplexing) is planned on one worker after a swap (the
+- one worker's rate, in cost units (a request plus its output tokens) a second:
+  its chunks' work over their service times (eta.service_rate: a worker serves the
+  chunks it holds one after another, so a chunk's service starts at the later of
+  its claim and the close before it on the same worker), over the model's last
+  LAST_CHUNKS finished chunks (CHUNKS_PER_WORKER a live worker, if more); before any
+  closed, the running chunks' work so far over their busy time. Stored as the
+  model's rate (times its live workers) for the deadline policy. A model that no
+  worker holds now (multiplexing) is planned on one worker after a swap (the
   recent swaps' time, fleet.selectors.swap_seconds_estimate).
+- where each open chunk is: each live worker's running chunks in the order it
+  claimed them and its chunk threads, the broker's window in the order it was
+  published, and each batch's pending chunks and stride pass.
 - each batch's work left on each model: its open chunks' requests not yet done,
   times its cost per request: its own mean so far; before any finished, the
   answer-length prior (eta.answer_prior: what the model's last PRIOR_BATCHES
@@ -26,17 +33,19 @@ lock while waiting for another (docs/architecture.md, "Locks")."""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 
 from django.conf import settings
-from django.db.models import Count, F, Max, Sum
+from django.db.models import Count, F, Sum
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from batches import deadlines, eta
-from batches.dispatch import _model_filter, chunk_model
+from batches.dispatch import MIN_WINDOW, _model_filter, chunk_model
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, ModelThroughput
 from core.transient import retry_transient
 from fleet import selectors as fleet_selectors
@@ -44,7 +53,13 @@ from fleet import selectors as fleet_selectors
 # Enough chunks to average over several workers' turns; few enough to follow a
 # change of workload within a minute or so.
 LAST_CHUNKS = 50
-OPEN = (ChunkStatus.PENDING, ChunkStatus.QUEUED, ChunkStatus.RUNNING)
+# ... and a few of each live worker's, however many (eta.service_rate measures a
+# worker's chunks against the close before them on the same worker).
+CHUNKS_PER_WORKER = 8
+# What estimates_refresh reads of each running batch (load_of reads the first 11).
+COLUMNS = ("id", "priority", "owner_id", "owner__weight", "expires_at", "completed", "failed",
+           "usage_output_tokens", "estimated_completion_at", "at_risk", "output_limit_mean",
+           "model", "dispatch_pass")
 # Finished batches the answer-length prior learns from, per model.
 PRIOR_BATCHES = 50
 # An estimate that moved less than this, or less than this fraction of the time it
@@ -62,36 +77,32 @@ def model_throughput_measure(*, model: str, live_workers: int,
                                      claimed_at__isnull=False, finished_at__isnull=False)
                 .order_by("-finished_at")
                 .values_list("count", "claimed_at", "finished_at", "worker", "batch__completed",
-                             "batch__failed", "batch__usage_output_tokens")[:LAST_CHUNKS])
+                             "batch__failed", "batch__usage_output_tokens")
+                [:max(LAST_CHUNKS, CHUNKS_PER_WORKER * live_workers)])
     finished = len(rows)
-    # The chunks running now count with what they did so far: they shared the
-    # workers with the finished ones, and leaving them out would take the model for
-    # slower than it is (by the work in flight).
+    # Before any chunk closed, the running ones count with what they did so far.
     rows += [(done + failed, claimed, now, *rest) for done, failed, claimed, *rest in
              Chunk.objects.filter(model__in=_model_filter(model), status=ChunkStatus.RUNNING,
                                   claimed_at__isnull=False)
              .values_list("completed", "failed", "claimed_at", "worker", "batch__completed",
-                          "batch__failed", "batch__usage_output_tokens")[:LAST_CHUNKS]]
+                          "batch__failed", "batch__usage_output_tokens")[:LAST_CHUNKS]
+             ] if not finished else []
     stored = ModelThroughput.objects.filter(model=model).first()
     requests = sum(row[0] for row in rows)
     if not requests:
         return stored
     costs = [eta.request_cost(done + failed, tokens) for *_, done, failed, tokens in rows]
-    work = sum(count * cost for (count, *_), cost in zip(rows, costs, strict=True))
-    rate = eta.measured_rate([(claimed.timestamp(), finished.timestamp(), count * cost)
-                              for (count, claimed, finished, *_), cost
-                              in zip(rows, costs, strict=True)])
-    if rate is None:
+    work = [(worker, claimed.timestamp(), end.timestamp(), count * cost)
+            for (count, claimed, end, worker, *_), cost in zip(rows, costs, strict=True)]
+    one = eta.service_rate(work) if finished else None
+    if one is None:  # nothing closed yet: the work in flight over the time it took
+        whole = eta.measured_rate([row[1:] for row in work])
+        one = whole / (len({row[0] for row in work}) or 1) if whole else None
+    if one is None:
         return stored
-    observed = len({row[3] for row in rows}) or 1
-    rate *= max(live_workers, 1) / observed
-    # One chunk's pace, claim to close: how fast the chunks in flight run out.
-    spans = sum((end - start).total_seconds() for _, start, end, *_ in rows[:finished])
-    chunk_work = sum(count * cost for (count, *_), cost in zip(rows[:finished], costs,
-                                                                strict=False))
     measured, _ = ModelThroughput.objects.update_or_create(model=model, defaults={
-        "rate": rate, "cost_per_request": work / requests, "workers": live_workers,
-        "chunk_rate": chunk_work / spans if spans > 0 else 0.0, "measured_at": now})
+        "rate": one * max(live_workers, 1), "workers": live_workers, "measured_at": now,
+        "cost_per_request": sum(row[3] for row in work) / requests})
     return measured
 
 
@@ -106,79 +117,83 @@ def answer_history(model: str) -> list[tuple[float, float, int]]:
 
 
 @dataclass
-class Flight:
-    """Where a batch's open requests on one model are: not yet claimed by a worker
-    (pending or in the broker's window), or in running chunks (the most left in one)."""
+class OpenChunks:
+    """A model's open chunks of running batches, as the chunk play needs them:
+    requests left per batch, the running ones (worker, batch, requests left) in the
+    order they were claimed, the queued ones in the order they were published, and
+    the pending ones per batch (chunks, requests)."""
 
-    waiting: int = 0
-    running_most: int = 0
-    queued: int = 0  # of the waiting: published to the broker, not yet claimed
-    queued_chunks: int = 0
+    left: dict[str, int] = field(default_factory=dict)
+    running: list[tuple[str, str, int]] = field(default_factory=list)
+    queued: list[tuple[str, int]] = field(default_factory=list)
+    pending: dict[str, tuple[int, int]] = field(default_factory=dict)
 
+    def add(self, batch_id: str, requests: int) -> None:
+        self.left[batch_id] = self.left.get(batch_id, 0) + requests
 
-def open_work(flights: dict | None = None) -> dict[str, dict[str, int]]:
-    """Requests not yet done of each running batch, per served model: {model: {batch: n}};
-    with `flights`, fills {model: {batch: Flight}} from the same query."""
-    left: dict[str, dict[str, int]] = defaultdict(dict)
-    rows = (Chunk.objects.filter(status__in=OPEN, batch__status=BatchStatus.IN_PROGRESS)
-            .values("batch_id", "model", "status")
-            .annotate(left=Sum(F("count") - F("completed") - F("failed")),
-                      most=Max(F("count") - F("completed") - F("failed")), chunks=Count("id")))
-    for row in rows:
-        model, batch_id, count = chunk_model(row["model"]), row["batch_id"], max(row["left"], 0)
-        left[model][batch_id] = left[model].get(batch_id, 0) + count
-        if flights is not None:
-            flight = flights.setdefault(model, {}).setdefault(batch_id, Flight())
-            if row["status"] == ChunkStatus.RUNNING:
-                flight.running_most = max(flight.running_most, row["most"] or 0)
-            else:
-                flight.waiting += count
-                if row["status"] == ChunkStatus.QUEUED:
-                    flight.queued, flight.queued_chunks = count, row["chunks"]
-    return left
-
-
-def window_wait(loads: list[eta.Load], flights: dict[str, Flight], running: list[tuple],
-                measured: ModelThroughput) -> float:
-    """Seconds until a chunk published now is claimed: the broker's window is first
-    in, first out, and each running chunk that closes frees a chunk thread for the
-    next one, so it is the (chunks queued + 1)-th close of the running chunks (each
-    at one chunk's measured pace); the queued work over the model's rate without a
-    pace or running chunks."""
-    cost = {load.batch_id: load.cost for load in loads}
-    queued = sum(flight.queued_chunks for flight in flights.values())
-    closes = sorted(left * cost.get(batch_id, measured.cost_per_request) / measured.chunk_rate
-                    for batch_id, left in running) if measured.chunk_rate else []
-    if queued < len(closes):
-        return closes[queued]
-    return sum(flight.queued * cost.get(batch_id, 1.0)
-               for batch_id, flight in flights.items()) / measured.rate
+    def dispatch(self, loads: list[eta.Load], threads: dict[str, int],
+                 passes: dict[str, float]) -> eta.Dispatch:
+        """The play's view: its cost units from `loads`; a running chunk of a worker
+        that is not live for this model first in the window (it is taken again)."""
+        cost = {load.batch_id: load.cost for load in loads}
+        held: dict[str, list[tuple[str, float]]] = {worker: [] for worker in threads}
+        orphans = []
+        for worker, batch_id, left in self.running:
+            work = (batch_id, left * cost.get(batch_id, 1.0))
+            (held[worker] if worker in held else orphans).append(work)
+        if not threads:  # no live worker holds the model: one will, after a swap
+            threads = {"": fleet_selectors.chunk_threads(settings.BATCHGEN_MAX_POOL_SIZE)}
+            held = {"": []}
+        return eta.Dispatch(
+            workers=tuple(eta.Held(threads[worker], tuple(held[worker])) for worker in threads),
+            queued=tuple(orphans + [(batch_id, left * cost.get(batch_id, 1.0))
+                                    for batch_id, left in self.queued]),
+            window=max(MIN_WINDOW, fleet_selectors.window_for(threads.values())),
+            pending=self.pending, passes=passes)
 
 
-def running_chunks() -> dict[str, list[tuple[str, int]]]:
-    """Each model's running chunks as (batch, requests left)."""
-    found: dict[str, list[tuple[str, int]]] = defaultdict(list)
-    for model, batch_id, left in (Chunk.objects.filter(status=ChunkStatus.RUNNING,
-                                                       batch__status=BatchStatus.IN_PROGRESS)
-                                  .values_list("model", "batch_id", "count")
-                                  .annotate(left=F("count") - F("completed") - F("failed"))
-                                  .values_list("model", "batch_id", "left")):
-        found[chunk_model(model)].append((batch_id, max(left, 0)))
+def open_chunks() -> dict[str, OpenChunks]:
+    """Each served model's OpenChunks, in two queries: the running and queued chunks
+    one by one (a few per worker), the pending ones summed per batch."""
+    found: dict[str, OpenChunks] = defaultdict(OpenChunks)
+    flying = (Chunk.objects.filter(status__in=(ChunkStatus.RUNNING, ChunkStatus.QUEUED),
+                                   batch__status=BatchStatus.IN_PROGRESS)
+              .annotate(left=Greatest(F("count") - F("completed") - F("failed"), 0))
+              .order_by(F("claimed_at").asc(nulls_last=True),
+                        F("published_at").asc(nulls_last=True), "id")
+              .values_list("model", "batch_id", "status", "worker", "left"))
+    for model, batch_id, status, worker, left in flying:
+        chunks = found[chunk_model(model)]
+        chunks.add(batch_id, left)
+        if status == ChunkStatus.RUNNING:
+            chunks.running.append((worker, batch_id, left))
+        else:
+            chunks.queued.append((batch_id, left))
+    for row in (Chunk.objects.filter(status=ChunkStatus.PENDING,
+                                     batch__status=BatchStatus.IN_PROGRESS)
+                .values("model", "batch_id")
+                .annotate(requests=Sum(F("count") - F("completed") - F("failed")),
+                          chunks=Count("id"))):
+        chunks, requests = found[chunk_model(row["model"])], max(row["requests"], 0)
+        chunks.add(row["batch_id"], requests)
+        pending = chunks.pending.get(row["batch_id"], (0, 0))
+        chunks.pending[row["batch_id"]] = (pending[0] + row["chunks"], pending[1] + requests)
     return found
 
 
-def batch_seconds(load: eta.Load, played: float, flight: Flight, *, started: bool,
-                  wait: float, measured: ModelThroughput) -> float:
-    """Seconds until a batch's work on a model is done: the fluid play's answer while
-    some of it waits for a worker, after (for a batch none of whose chunks was
-    published yet) the chunks already in the broker's window ahead of it; once all
-    of it runs, its longest running chunk at one chunk's measured pace (chunks in
-    flight keep their worker whatever the shares), never less than that."""
-    tail = flight.running_most * load.cost / measured.chunk_rate if measured.chunk_rate else 0.0
-    if not flight.waiting:
-        return tail
-    delay = 0.0 if started else wait
-    return max(played + delay, tail)
+def play(model: str, loads: list[eta.Load], chunks: OpenChunks, measured: ModelThroughput,
+         passes: dict[str, float], threads: dict[str, int]) -> dict[str, float]:
+    """Seconds until each batch's work on `model` is done: the chunk play (eta.
+    chunk_finish_times) under the shares dispatch applies (the deadline policy's, or
+    fair share with it off), at one worker's measured rate, after a swap when no live
+    worker holds the model."""
+    rate = measured.rate
+    one = rate / max(len(threads), 1)
+    delay = 0.0 if threads else fleet_selectors.swap_seconds_estimate()
+    shares = partial(deadlines.deadline_shares, rate=rate) if settings.BATCHGEN_DEADLINE_POLICY \
+        else eta.fair_shares
+    played = eta.chunk_finish_times(loads, chunks.dispatch(loads, threads, passes), one, shares)
+    return {batch_id: seconds + delay for batch_id, seconds in played.items()}
 
 
 @retry_transient
@@ -187,45 +202,32 @@ def estimates_refresh(now: datetime | None = None) -> int:
     how many rows moved."""
     now = now or timezone.now()
     batches = {row[0]: row for row in Batch.objects.filter(status=BatchStatus.IN_PROGRESS)
-               .values_list("id", "priority", "owner_id", "owner__weight", "expires_at",
-                            "completed", "failed", "usage_output_tokens",
-                            "estimated_completion_at", "at_risk", "output_limit_mean",
-                            "model")}
+               .values_list(*COLUMNS)}
     histories = {model: answer_history(model) for model in {row[11] for row in batches.values()}}
-    live = fleet_selectors.live_workers_by_model()
+    threads = fleet_selectors.live_worker_threads()
     finish: dict[str, float | None] = {}
     risky: set[str] = set()
-    flights: dict[str, dict[str, Flight]] = {}
-    running = running_chunks()
-    for model, left in open_work(flights).items():
-        measured = model_throughput_measure(model=model, live_workers=live.get(model, 0), now=now)
+    for model, chunks in open_chunks().items():
+        measured = model_throughput_measure(model=model, live_workers=len(threads.get(model, {})),
+                                            now=now)
         loads = [load_of(batches[batch_id], requests, measured, now,
                          histories[batches[batch_id][11]])
-                 for batch_id, requests in left.items() if batch_id in batches]
+                 for batch_id, requests in chunks.left.items() if batch_id in batches]
         if measured is None or measured.rate <= 0:
             finish.update((load.batch_id, None) for load in loads)
             continue
-        rate = measured.rate
-        delay = 0.0 if live.get(model, 0) else fleet_selectors.swap_seconds_estimate()
-        played = eta.finish_times(loads, rate,
-                                  partial(deadlines.deadline_shares, rate=rate),
-                                  worker_rate=rate / max(live.get(model, 0), 1))
-        wait = window_wait(loads, flights[model], running.get(model, []), measured)
-        for load in loads:
-            if deadlines.at_risk(load, rate):
-                risky.add(load.batch_id)
-            if load.batch_id in finish and finish[load.batch_id] is None:
-                continue
-            flight, row = flights[model][load.batch_id], batches[load.batch_id]
-            started = bool(row[5] + row[6] or flight.running_most or flight.queued)
-            seconds = delay + batch_seconds(
-                load, played[load.batch_id], flight, started=started,
-                wait=wait, measured=measured)
-            finish[load.batch_id] = max(finish.get(load.batch_id) or 0.0, seconds)
+        risky.update(load.batch_id for load in loads if deadlines.at_risk(load, measured.rate))
+        played = play(model, loads, chunks, measured,
+                      {batch_id: batches[batch_id][12] for batch_id in chunks.left
+                       if batch_id in batches}, threads.get(model, {}))
+        for batch_id, seconds in played.items():
+            if finish.get(batch_id, 0.0) is not None:  # of several models: the last one's
+                finish[batch_id] = max(finish.get(batch_id) or 0.0, seconds)
     moved = 0
     for batch_id, row in batches.items():
         seconds = finish.get(batch_id, 0.0)  # no open work: finalizing next
-        estimate = None if seconds is None else now + timedelta(seconds=seconds)
+        estimate = None if seconds is None or math.isinf(seconds) else \
+            now + timedelta(seconds=seconds)
         known, was_at_risk = row[8], row[9]
         if (estimate is None) != (known is None) or was_at_risk != (batch_id in risky) or (
                 estimate is not None and abs(estimate - known) >= max(
@@ -237,8 +239,7 @@ def estimates_refresh(now: datetime | None = None) -> int:
 
 def load_of(row: tuple, requests: int, measured: ModelThroughput | None,
             now: datetime, history: list[tuple[float, float, int]]) -> eta.Load:
-    """The ETA model's view of one batch's work on one model (row: the columns
-    estimates_refresh reads, the output limit at 10)."""
+    """The ETA model's view of one batch's work on one model (row: COLUMNS)."""
     batch_id, priority, owner_id, weight, expires_at, completed, failed, tokens = row[:8]
     prior = eta.answer_prior(history, row[10])
     cost = eta.request_cost(completed + failed, tokens, 1.0 + prior if prior is not None
@@ -274,28 +275,28 @@ def admission_eta(*, model: str, requests: int, window_seconds: float, priority:
                   owner_id: int | None = None, weight: int | None = None,
                   now: datetime | None = None) -> float | None:
     """Seconds until a batch of `requests` created now would finish, played among the
-    running batches of `model` under the deadline policy; None while the model's rate
-    is unknown (then nothing can be said, and strict admission lets it in)."""
+    running batches of `model` under the deadline policy (its chunks pending at the
+    lowest pass, as dispatch starts a batch); None while the model's rate is unknown
+    (then nothing can be said, and strict admission lets it in)."""
     now = now or timezone.now()
     measured = ModelThroughput.objects.filter(model=model).first()
     if measured is None or measured.rate <= 0:
         return None
-    left = open_work().get(model, {})
-    rows = {row[0]: row for row in Batch.objects.filter(id__in=list(left))
-            .values_list("id", "priority", "owner_id", "owner__weight", "expires_at",
-                         "completed", "failed", "usage_output_tokens",
-                         "estimated_completion_at", "at_risk", "output_limit_mean")}
+    chunks = open_chunks().get(model, OpenChunks())
+    rows = {row[0]: row for row in Batch.objects.filter(id__in=list(chunks.left))
+            .values_list(*COLUMNS)}
     history = answer_history(model)
     loads = [load_of(rows[batch_id], count, measured, now, history)
-             for batch_id, count in left.items() if batch_id in rows]
+             for batch_id, count in chunks.left.items() if batch_id in rows]
+    passes = {batch_id: row[12] for batch_id, row in rows.items()}
+    size = settings.BATCHGEN_CHUNK_SIZE
     loads.append(eta.Load(batch_id="", remaining=requests * measured.cost_per_request,
                           priority=priority, owner=owner_id, weight=weight,
-                          chunk=settings.BATCHGEN_CHUNK_SIZE * measured.cost_per_request,
+                          chunk=size * measured.cost_per_request,
                           cost=measured.cost_per_request, time_left=window_seconds))
-    rate = measured.rate
-    delay = 0.0 if fleet_selectors.live_workers_by_model().get(model) else \
-        fleet_selectors.swap_seconds_estimate()
-    workers = fleet_selectors.live_workers_by_model().get(model, 0)
-    played = eta.finish_times(loads, rate, lambda active: deadlines.deadline_shares(active, rate),
-                              worker_rate=rate / max(workers, 1))
-    return played[""] + delay
+    chunks.pending[""] = (max(1, math.ceil(requests / size)), requests)
+    passes[""] = min((passes[batch_id] for batch_id in chunks.pending if batch_id in passes),
+                     default=0.0)
+    played = play(model, loads, chunks, measured, passes,
+                  fleet_selectors.live_worker_threads().get(model, {}))
+    return None if math.isinf(played[""]) else played[""]

@@ -21,9 +21,11 @@ deadline policy (batches/deadlines.py) that dispatch applies.
 
 from __future__ import annotations
 
+import heapq
 import math
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,3 +203,159 @@ def measured_rate(chunks: Sequence[tuple[float, float, float]]) -> float | None:
         spans.append((begin, end))
     busy = busy_seconds(spans)
     return work / busy if busy > 0 and work > 0 else fallback
+
+
+def service_rate(chunks: Sequence[tuple[str, float, float, float]]) -> float | None:
+    """One worker's rate, in cost units a second, from finished chunks as (worker,
+    claimed, finished, work). A worker serves the chunks it holds one after another,
+    in the order it claimed them (inference/slots.py admits a younger chunk's
+    requests only once every older one's are in), so a chunk's service runs from the
+    later of its claim and the close before it on the same worker to its own close:
+    the time it waited behind the others is not its own, and an idle gap (a claim
+    after that close) is nobody's. A worker's earliest chunk here is only the start
+    of the next one's service (the close before it is not in the list), unless it is
+    the worker's only one: then from its claim. None without any."""
+    by_worker: dict[str, list[tuple[float, float, float]]] = {}
+    for worker, claimed, finished, work in chunks:
+        by_worker.setdefault(worker, []).append((finished, claimed, work))
+    work = seconds = 0.0
+    for rows in by_worker.values():
+        rows.sort()
+        if len(rows) == 1:
+            finished, claimed, done = rows[0]
+            work, seconds = work + done, seconds + finished - claimed
+            continue
+        for (before, _, _), (finished, claimed, done) in zip(rows, rows[1:], strict=False):
+            work, seconds = work + done, seconds + finished - max(claimed, before)
+    return work / seconds if seconds > 0 and work > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """One live worker of a model: its chunk threads, and the chunks it holds in the
+    order it claimed them, as (batch, cost units left); the first is being served."""
+
+    threads: int
+    chunks: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Where a model's open chunks are, as the dispatcher (batches/dispatch.py) sees
+    them: held by its workers, in the broker's window (first in, first out: (batch,
+    cost units left)), or pending in the database, and each batch's stride pass."""
+
+    workers: tuple[Held, ...]
+    queued: tuple[tuple[str, float], ...] = ()
+    window: int = 1  # chunks the dispatcher keeps in the broker's window
+    pending: dict[str, tuple[int, int]] = field(default_factory=dict)  # batch: (chunks, requests)
+    passes: dict[str, float] = field(default_factory=dict)
+
+
+class _ChunkPlay:
+    """chunk_finish_times' state as it plays forward (one model)."""
+
+    def __init__(self, loads: Sequence[Load], state: Dispatch, worker_rate: float,
+                 shares: ShareFunction) -> None:
+        self.loads = {load.batch_id: load for load in loads}
+        self.state, self.rate, self.shares = state, worker_rate, shares
+        self.held = [deque(chunks.chunks) for chunks in state.workers]
+        self.queue = deque(state.queued)
+        self.pending = {batch: [chunks, requests] for batch, (chunks, requests)
+                        in state.pending.items() if chunks > 0 and batch in self.loads}
+        self.left = Counter(batch for chunks in self.held for batch, _ in chunks)
+        self.left.update(batch for batch, _ in self.queue)
+        self.left.update({batch: chunks for batch, (chunks, _) in self.pending.items()})
+        self.remaining = {batch: load.remaining for batch, load in self.loads.items()}
+        self.passes = [(state.passes.get(batch, 0.0), batch) for batch in self.pending]
+        heapq.heapify(self.passes)
+        self.split: dict[str, float] = {}
+        self.members: frozenset[str] = frozenset()
+        self.closes: list[tuple[float, int]] = []  # (when its first chunk closes, worker)
+        self.now = 0.0
+
+    def refill(self) -> None:
+        """The dispatcher: the lowest pass's next chunk into the window, while it has room."""
+        while len(self.queue) < self.state.window and self.passes:
+            if self.members != frozenset(self.pending):
+                self.members = frozenset(self.pending)
+                self.split = self.shares([replace(
+                    self.loads[batch], remaining=self.remaining[batch],
+                    time_left=None if self.loads[batch].time_left is None
+                    else self.loads[batch].time_left - self.now) for batch in self.members])
+            passed, batch = heapq.heappop(self.passes)
+            chunks, requests = self.pending[batch]
+            count = requests / chunks
+            self.queue.append((batch, count * self.loads[batch].cost))
+            if chunks > 1:
+                self.pending[batch] = [chunks - 1, requests - count]
+                heapq.heappush(self.passes, (passed + count / self.split[batch], batch))
+            else:
+                del self.pending[batch]
+
+    def take(self, worker: int) -> None:
+        """A free chunk thread of `worker` takes the window's first chunk (the
+        dispatcher refills it); a worker that was idle starts serving it."""
+        held = self.held[worker]
+        held.append(self.queue.popleft())
+        self.refill()
+        if len(held) == 1:
+            heapq.heappush(self.closes, (self.now + held[0][1] / self.rate, worker))
+
+    def deal(self) -> None:
+        """The free chunk threads take the window's chunks a worker at a time, as
+        the broker hands its messages round its consumers."""
+        while self.queue:
+            free = [worker for worker, held in enumerate(self.held)
+                    if len(held) < self.state.workers[worker].threads]
+            if not free:
+                return
+            for worker in free:
+                if self.queue:
+                    self.take(worker)
+
+    def close(self) -> str:
+        """The next chunk to close; its worker serves its next one and takes another
+        from the window. Returns its batch."""
+        self.now, worker = heapq.heappop(self.closes)
+        batch, work = self.held[worker].popleft()
+        self.left[batch] -= 1
+        if batch in self.remaining:
+            self.remaining[batch] = max(self.remaining[batch] - work, 0.0)
+        if self.held[worker]:
+            heapq.heappush(self.closes, (self.now + self.held[worker][0][1] / self.rate, worker))
+        if self.queue and len(self.held[worker]) < self.state.workers[worker].threads:
+            self.take(worker)
+        self.deal()
+        return batch
+
+
+def chunk_finish_times(loads: Sequence[Load], state: Dispatch, worker_rate: float,
+                       shares: ShareFunction = fair_shares) -> dict[str, float]:
+    """Seconds from now until each batch's last chunk on this model closes, playing the
+    dispatcher and the workers forward chunk by chunk: the dispatcher keeps
+    `state.window` chunks in the broker's window, the lowest stride pass first (a
+    chunk of n requests moves its batch's pass by n / share, the shares from
+    `shares` over the batches still pending, as dispatch computes them); a worker
+    with a free chunk thread takes the window's first chunk; each worker serves its
+    chunks one after another at `worker_rate` cost units a second. Exact for a
+    scheduler that behaves so, whatever the batches' sizes: a small batch's one
+    chunk waits for the window ahead of it and for the chunks ahead of it on its
+    worker, which a fluid split of the rate cannot say. O(chunks × log) plus a
+    share computation each time a batch runs out of pending chunks."""
+    if worker_rate <= 0:
+        raise ValueError("chunk_finish_times needs a positive rate")
+    play = _ChunkPlay(loads, state, worker_rate, shares)
+    finish = {batch: 0.0 for batch in play.loads if play.left[batch] <= 0}
+    play.refill()
+    for worker, held in enumerate(play.held):
+        if held:
+            heapq.heappush(play.closes, (held[0][1] / worker_rate, worker))
+    play.deal()
+    while play.closes:
+        batch = play.close()
+        if play.left[batch] <= 0 and batch in play.loads:
+            finish[batch] = play.now
+    for batch in play.loads:
+        finish.setdefault(batch, math.inf)  # no worker can take its chunks
+    return finish

@@ -82,7 +82,24 @@ class Fleet:
     server: Server
     drop: object
     vhost: RabbitVhost
+    database_url: str = ""
     keys: list[str] = field(default_factory=list)
+
+    def chunk_log(self) -> list[tuple]:
+        """Every chunk as (batch, index, requests, worker, published, claimed,
+        finished, the batch's output tokens per request), Unix seconds: what ran
+        where and when, for --trace."""
+        import psycopg
+
+        with psycopg.connect(self.database_url) as connection:
+            rows = connection.execute(
+                "SELECT c.batch_id, c.index, c.count, c.worker, "
+                "extract(epoch from c.published_at)::float, "
+                "extract(epoch from c.claimed_at)::float, "
+                "extract(epoch from c.finished_at)::float, "
+                "b.usage_output_tokens::float / greatest(b.completed, 1) "
+                "FROM batches_chunk c JOIN batches_batch b ON b.id = c.batch_id").fetchall()
+        return [tuple(row) for row in rows]
 
     def stop(self) -> None:
         self.server.stop()
@@ -114,7 +131,7 @@ def start_fleet(work: Path, args, *, policy: bool, port: int, name: str,
                                     if p and Path(p).resolve() != ROOT), str(root)])
     server = Server(storage=storage, env=env, web_workers=None, port=port, root=root,
                     args=["--inference-workers", str(args.workers)])
-    fleet = Fleet(server, drop, vhost)
+    fleet = Fleet(server, drop, vhost, database_url)
     try:
         server.start(ready_timeout=600)
         for i in range(args.keys):
@@ -261,13 +278,18 @@ def accuracy(work: Path, args, root: Path = ROOT, label: str = "this") -> dict:
                 break
             time.sleep(POLL)
         wall = time.time() - started
+        chunk_log = fleet.chunk_log() if args.trace else []
     finally:
         fleet.stop()
     found, detail = errors(list(watched.values()))
     if args.trace:  # every reading, for a closer look: (seconds since create, done, total, ETA)
         Path(f"{args.trace}-{label}.json").write_text(json.dumps(
-            {b.id: [(round(at - b.created, 1), done, total, eta and eta - round(b.created))
-                    for at, _, done, total, eta in b.samples] for b in watched.values()}))
+            {"readings": {b.id: [(round(at - b.created, 1), done, total,
+                                  eta and eta - round(b.created))
+                                 for at, _, done, total, eta in b.samples]
+                          for b in watched.values()},
+             "created": {b.id: b.created for b in watched.values()},
+             "chunks": chunk_log}))
     rows = [[point, len(v), statistics.median(v) if v else float("nan"), p(v, 0.9), goal,
              "met" if v and statistics.median(v) <= goal else "not met"]
             for (point, goal), v in zip(POINTS.items(), found.values(), strict=True)]

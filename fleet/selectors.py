@@ -6,6 +6,8 @@ about the workers."""
 from __future__ import annotations
 
 import math
+from collections import defaultdict
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -24,15 +26,30 @@ def live_workers() -> QuerySet[Worker]:
     return Worker.objects.filter(heartbeat_at__gte=fresh, stopped_at__isnull=True)
 
 
+def chunk_threads(slots_capacity: int) -> int:
+    """The chunk threads of a worker with these slots (as
+    inference.signals.inference_concurrency gives them)."""
+    return math.ceil(slots_capacity / settings.BATCHGEN_CHUNK_SIZE) + 2
+
+
 def dispatch_window(model: str) -> int:
     """Chunks of `model` to keep dispatched but unclaimed: what the chunk threads of
-    the live workers holding it can hold (see inference.signals.inference_concurrency),
-    plus a little slack."""
-    window = 0
-    for capacity in live_workers().filter(model=model).values_list("slots_capacity",
-                                                                   flat=True):
-        window += math.ceil(capacity / settings.BATCHGEN_CHUNK_SIZE) + 2
-    return window + 2
+    the live workers holding it can hold, plus a little slack."""
+    return window_for(chunk_threads(capacity) for capacity in live_workers()
+                      .filter(model=model).values_list("slots_capacity", flat=True))
+
+
+def window_for(threads: Iterable[int]) -> int:
+    """dispatch_window for live workers of these chunk threads."""
+    return sum(threads) + 2
+
+
+def live_worker_threads() -> dict[str, dict[str, int]]:
+    """Each model's live workers and their chunk threads: {model: {worker: threads}}."""
+    found: dict[str, dict[str, int]] = defaultdict(dict)
+    for model, name, capacity in live_workers().values_list("model", "name", "slots_capacity"):
+        found[model][name] = chunk_threads(capacity)
+    return found
 
 
 def chunks_held_by_live_workers() -> set[int]:

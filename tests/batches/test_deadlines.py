@@ -9,13 +9,17 @@ import pytest
 
 from batches.deadlines import at_risk, deadline_shares, late
 from batches.eta import (
+    Dispatch,
+    Held,
     Load,
     answer_prior,
     busy_seconds,
+    chunk_finish_times,
     fair_finish_times,
     fair_shares,
     finish_times,
     measured_rate,
+    service_rate,
 )
 
 DAY = 86400.0
@@ -204,3 +208,79 @@ def test_without_the_deadline_policy_dispatch_is_fair_share_alone(
     assert dispatch.dispatch() == 30
 
     assert dispatched() == {long1.id: 10, long2.id: 10, short.id: 10}
+
+
+# --- the chunk play --------------------------------------------------------------------
+
+
+def test_a_worker_s_rate_is_its_chunks_served_one_after_another():
+    # One worker holding three chunks of 100 units claimed at 0: they close at 10,
+    # 20 and 30 s (10 units a second), each waiting behind the one before.
+    assert service_rate([("w", 0.0, 10.0, 100.0), ("w", 0.0, 20.0, 100.0),
+                         ("w", 0.0, 30.0, 100.0)]) == pytest.approx(10.0)
+    # Claim to close (the mean of 10, 20 and 30 s for 100 units each) would say 5.
+
+
+def test_an_idle_gap_and_a_second_worker_do_not_slow_the_measure():
+    chunks = [("a", 0.0, 10.0, 100.0), ("a", 50.0, 60.0, 100.0),  # idle 10 s to 50 s
+              ("b", 0.0, 5.0, 100.0), ("b", 0.0, 10.0, 100.0)]   # a worker twice as fast
+    # a: its second chunk served 50 to 60 s (100 in 10 s); b: 100 in 5 s (its first
+    # chunk only marks where the second began). 200 units in 15 s.
+    assert service_rate(chunks) == pytest.approx(200 / 15)
+    assert service_rate([("a", 2.0, 6.0, 40.0)]) == pytest.approx(10.0)  # alone: from its claim
+    assert service_rate([]) is None
+
+
+def play(workers, *, queued=(), window=4, pending=None, passes=None, loads=None, rate=1.0):
+    pending = pending or {}
+    names = {batch for held in workers for batch, _ in held.chunks}
+    names |= {batch for batch, _ in queued} | set(pending)
+    loads = loads or [Load(batch, 1.0) for batch in sorted(names)]
+    return chunk_finish_times(loads, Dispatch(workers=tuple(workers), queued=tuple(queued),
+                                              window=window, pending=pending,
+                                              passes=passes or {}), rate)
+
+
+@pytest.mark.parametrize(("case", "workers", "queued", "pending", "window", "expected"), [
+    ("a worker serves what it holds in turn",
+     [Held(3, (("a", 4.0), ("b", 2.0), ("a", 4.0)))], (), {}, 4, {"a": 10, "b": 6}),
+    ("the broker's window is first in, first out",
+     [Held(1, (("a", 2.0),))], (("b", 3.0), ("a", 1.0)), {}, 4, {"a": 6, "b": 5}),
+    ("two workers take the window's chunks as they free a thread",
+     [Held(1, (("a", 2.0),)), Held(1, (("b", 5.0),))], (("c", 1.0), ("c", 1.0)), {}, 4,
+     {"a": 2, "b": 5, "c": 4}),
+    ("pending chunks enter the window by stride pass, ties by batch",
+     [Held(1)], (), {"a": (2, 4), "b": (1, 2)}, 1, {"a": 6, "b": 4}),
+    ("a small batch's chunk waits behind the window and the worker's chunks",
+     [Held(2, (("big", 3.0), ("big", 3.0)))], (("big", 3.0), ("big", 3.0)),
+     {"small": (1, 1), "big": (5, 15)}, 2, {"small": 16, "big": 28}),
+])
+def test_the_chunk_play(case, workers, queued, pending, window, expected):
+    finish = play(workers, queued=queued, pending=pending, window=window,
+                  passes={"a": 0.0, "b": 0.0, "big": 0.0, "small": 0.0})
+    assert finish == pytest.approx(expected), case
+
+
+def test_the_chunk_play_follows_the_shares_it_is_given():
+    # Two batches with 4 chunks of one request each, one worker, a window of one:
+    # equal shares alternate them; "b" with three times the share goes three to one.
+    loads = [Load("a", 4.0), Load("b", 4.0)]
+    state = Dispatch(workers=(Held(1),), window=1, pending={"a": (4, 4), "b": (4, 4)})
+    assert chunk_finish_times(loads, state, 1.0) == pytest.approx({"a": 7, "b": 8})
+    weighted = chunk_finish_times(loads, state, 1.0,
+                                  lambda active: {load.batch_id: 3.0 if load.batch_id == "b"
+                                                  else 1.0 for load in active})
+    assert weighted == pytest.approx({"a": 8, "b": 6})
+
+
+def test_the_chunk_play_is_the_fluid_play_for_many_chunks():
+    """Batches of 200 and 400 one-request chunks on four workers: the chunk play and
+    the fluid split (whose tail spreads the last chunks over fewer workers) agree to
+    1 %."""
+    loads = [Load("a", 200.0, chunk=1.0), Load("b", 400.0, chunk=1.0)]
+    state = Dispatch(workers=tuple(Held(3) for _ in range(4)), window=14,
+                     pending={"a": (200, 200), "b": (400, 400)})
+    chunked = chunk_finish_times(loads, state, 1.0)
+    fluid = finish_times(loads, rate=4.0, worker_rate=1.0)
+    assert chunked == pytest.approx(fluid, rel=0.01)
+    assert play([], pending={"a": (1, 1)}) == {"a": float("inf")}  # nobody to run it

@@ -30,11 +30,16 @@ def not_dispatched(batch: Batch) -> Batch:
     return batch
 
 
-def measured_at(now, model: str, *, rate: float, cost_per_request: float = 1,
-                chunk_rate: float = 0.0) -> None:
-    """The model's throughput as one worker measured it at `now`."""
+def measured_at(now, model: str, *, rate: float, cost_per_request: float = 1) -> None:
+    """The model's throughput as measured at `now`."""
     ModelThroughput.objects.create(model=model, rate=rate, cost_per_request=cost_per_request,
-                                   workers=1, chunk_rate=chunk_rate, measured_at=now)
+                                   workers=1, measured_at=now)
+
+
+def running_on(worker: str, batch: Batch, index: int, claimed) -> None:
+    """Chunk `index` of `batch` claimed by `worker` at `claimed`."""
+    Chunk.objects.filter(batch=batch, index=index).update(
+        status=ChunkStatus.RUNNING, worker=worker, claimed_at=claimed)
 
 
 def live_workers(count: int, model: str) -> None:
@@ -58,7 +63,7 @@ def finish(batch: Batch, indexes: range, *, workers: list[str], started, seconds
     Batch.objects.filter(id=batch.id).update(completed=done, usage_output_tokens=output_tokens)
 
 
-def test_the_eta_plays_fair_share_over_the_rate_of_several_workers(running_batch, api):
+def test_the_eta_plays_the_chunks_over_the_rate_of_several_workers(running_batch, api):
     model = served_model().id
     live_workers(2, model)
     small, big = running_batch(10, chunk_size=2), running_batch(40, chunk_size=2)
@@ -70,11 +75,11 @@ def test_the_eta_plays_fair_share_over_the_rate_of_several_workers(running_batch
     estimates.estimates_refresh(now)
 
     assert ModelThroughput.objects.get(model=model).rate == pytest.approx(2.0)
-    # Fair share: 1/s each until the small one's last 6 are done (6 s), then the big
-    # one's 34 left at 2/s (16 s more), but its last chunk of 2 runs on one worker
-    # alone, at 1/s (2 s more).
+    # The small batch's three chunks left were published ahead of the big one's and
+    # are dealt round the two workers (two on one: 4 s); the big one's 40 requests
+    # follow on both, 46 requests at 2 a second, its last chunk on one worker: 24 s.
     small_row, big_row = Batch.objects.get(id=small.id), Batch.objects.get(id=big.id)
-    assert (small_row.estimated_completion_at - now).total_seconds() == pytest.approx(6, abs=0.01)
+    assert (small_row.estimated_completion_at - now).total_seconds() == pytest.approx(4, abs=0.01)
     assert (big_row.estimated_completion_at - now).total_seconds() == pytest.approx(24, abs=0.01)
     shown = api.get(f"/v1/batches/{big.id}").json()
     assert shown["estimated_completion_at"] == int(big_row.estimated_completion_at.timestamp())
@@ -94,11 +99,10 @@ def test_more_workers_shorten_the_eta_down_to_a_chunk_on_one_worker(running_batc
     estimates.estimates_refresh(now)
 
     after = Batch.objects.get(id=batch.id).estimated_completion_at - now
-    # 16 requests left in 8 chunks of 2, 1/s a worker. Two workers: 14 at 2/s, the
-    # last chunk on one worker (9 s). Four: 10 at 4/s, then 3, 2 and 1 chunks left
-    # on as many workers (2.5 + 2/3 + 1 + 2 s).
-    assert before.total_seconds() == pytest.approx(9)
-    assert after.total_seconds() == pytest.approx(2.5 + 2 / 3 + 1 + 2)
+    # 16 requests left in 8 chunks of 2, 1/s a worker, dealt round the workers as
+    # the broker hands them out: 4 chunks each on two workers (8 s), 2 on four (4 s).
+    assert before.total_seconds() == pytest.approx(8)
+    assert after.total_seconds() == pytest.approx(4)
 
 
 def test_a_batch_of_long_answers_is_estimated_by_its_tokens(running_batch):
@@ -115,13 +119,14 @@ def test_a_batch_of_long_answers_is_estimated_by_its_tokens(running_batch):
 
     estimates.estimates_refresh(now)
 
-    # 20 + 200 cost units in 11 busy seconds: 20 a second. Left: 10 requests each,
-    # 100 and 1000 units. Dispatch shares requests, so both run at the same requests
-    # a second and finish together, after the 1100 units at 20 a second.
+    # The worker's second chunk served from the first one's close: 200 units in
+    # 10 s, 20 a second. The short batch's chunks are all in the broker's window
+    # ahead of the long one's: its 10 requests left (100 units) take 5 s, then the
+    # long one's 10 (1000 units) 50 s more.
     rows = {row.id: (row.estimated_completion_at - now).total_seconds()
             for row in Batch.objects.all()}
     assert ModelThroughput.objects.get(model=model).rate == pytest.approx(20)
-    assert rows[short.id] == pytest.approx(55)
+    assert rows[short.id] == pytest.approx(5)
     assert rows[long.id] == pytest.approx(55)
 
 
@@ -281,18 +286,23 @@ def test_a_refresh_reads_the_same_few_queries_for_two_batches_or_eight(running_b
 
 def test_strict_admission_counts_the_work_already_running(
         api, upload, published, settings, one_request_a_second, running_batch):
-    """Alone, 200 requests at 1/s take 200 s and fit 5 minutes. Beside a running
-    batch of 400 with a 24 h window they still do (the deadline policy takes the
-    share from it); beside one that needs nearly the whole model to keep its own
-    window (400 requests in 420 s), they do not."""
+    """Alone, 200 requests at 1/s take 200 s and fit 6 minutes. Beside a running
+    batch of 400 with a 24 h window they still do: the 100 of its requests already
+    in the broker's window run first, then the deadline policy gives the new batch
+    the model (fair share would take 500 s). Beside one that needs nearly the whole
+    model to keep its own window (400 requests in 420 s), they do not."""
     settings.BATCHGEN_STRICT_COMPLETION_WINDOW = True
-    running = running_batch(400, chunk_size=200)
+    running = running_batch(400, chunk_size=20)
+    assert Chunk.objects.filter(batch=running, status=ChunkStatus.QUEUED).count() == 5
 
-    assert create_200(api, upload, "5m").status_code == 200
+    assert create_200(api, upload, "6m").status_code == 200
     Batch.objects.filter(status=BatchStatus.VALIDATING).update(status=BatchStatus.FAILED)
+    settings.BATCHGEN_DEADLINE_POLICY = False
+    assert create_200(api, upload, "6m").status_code == 400
+    settings.BATCHGEN_DEADLINE_POLICY = True
     Batch.objects.filter(id=running.id).update(expires_at=timezone.now() + timedelta(seconds=420))
 
-    response = create_200(api, upload, "5m")
+    response = create_200(api, upload, "6m")
 
     assert response.status_code == 400, response.content
     assert response.json()["error"]["code"] == "completion_window_infeasible"
@@ -385,29 +395,22 @@ def test_a_batch_before_any_answer_is_estimated_by_its_max_tokens(running_batch,
     assert eta_seconds == pytest.approx(seconds)
 
 
-def test_a_batch_whose_work_all_runs_already_ends_with_its_running_chunk(running_batch):
+def test_a_batch_whose_work_all_runs_already_ends_with_its_running_chunks(running_batch):
     """Chunks in flight keep their worker whatever the shares: a batch with nothing
-    left to dispatch ends when its longest running chunk does, at one chunk's
-    measured pace, not at its fair share of the model behind three other batches."""
+    left to dispatch ends when its last chunk closes on the worker holding it, not at
+    its fair share of the model behind three other batches."""
     model = served_model().id
     live_workers(2, model)
-    small = running_batch(10, chunk_size=2)
+    small = running_batch(4, chunk_size=2)
     others = [running_batch(10, chunk_size=2) for _ in range(3)]
     now = timezone.now()
-    finish(small, range(0, 4, 2), workers=["w0", "w1"], started=now - timedelta(seconds=10),
-           seconds=2)
-    finish(small, range(1, 4, 2), workers=["w0", "w1"], started=now - timedelta(seconds=8),
-           seconds=2)
-    Batch.objects.filter(id=small.id).update(completed=8)
-    Chunk.objects.filter(batch=small, index=4).update(status=ChunkStatus.RUNNING, worker="w0",
-                                                      claimed_at=now)
+    measured_at(now, model, rate=2)  # 1 request a second a worker
+    running_on("w0", small, 0, now)
+    running_on("w1", small, 1, now)
 
     estimates.estimates_refresh(now)
 
-    measured = ModelThroughput.objects.get(model=model)
-    assert measured.chunk_rate == pytest.approx(1.0)  # 2 requests in 2 s, each chunk
-    eta_seconds = eta_of(small, now)
-    assert eta_seconds == pytest.approx(2.0)  # fair share (a quarter of 2/s): 4 s
+    assert eta_of(small, now) == pytest.approx(2.0)  # 2 requests at 1/s on each worker
     assert all(Batch.objects.get(id=other.id).estimated_completion_at for other in others)
 
 
@@ -417,30 +420,29 @@ def test_a_batch_not_yet_dispatched_waits_for_the_broker_s_window_ahead_of_it(ru
     running_batch(10, chunk_size=2)  # ahead: all of its chunks in the broker's window
     late = not_dispatched(running_batch(4, chunk_size=2))
     now = timezone.now()
-    measured_at(now, model, rate=2, chunk_rate=2)
+    measured_at(now, model, rate=2)
 
     estimates.estimates_refresh(now)
 
-    # Its 4 requests at half the model (2 s) from when the 10 ahead are claimed (5 s):
-    # by the fluid play alone, 4 s.
-    eta_seconds = eta_of(late, now)
-    assert eta_seconds == pytest.approx(4 + 5)
+    # The worker serves the 10 requests ahead (5 s), then its 4 (2 s); a fluid
+    # split of the model would say 4 s.
+    assert eta_of(late, now) == pytest.approx(5 + 2)
 
 
-def test_the_wait_for_a_chunk_thread_is_when_the_running_chunks_close(running_batch):
-    """Nothing queued ahead: a batch not yet dispatched starts when the first running
-    chunk closes (its 4 requests left at one chunk's pace of 2 a second: 2 s)."""
+def test_chunks_held_by_a_busy_worker_wait_for_it_while_another_is_idle(running_batch):
+    """A worker serves the chunks it holds one after another, in the order it
+    claimed them; an idle worker cannot take them over."""
     model = served_model().id
-    live_workers(1, model)
-    other = running_batch(4, chunk_size=4)
-    Chunk.objects.filter(batch=other).update(status=ChunkStatus.RUNNING, worker="w0",
-                                             claimed_at=timezone.now())
-    late = not_dispatched(running_batch(4, chunk_size=2))
+    live_workers(2, model)
+    first, held = running_batch(2, chunk_size=2), running_batch(4, chunk_size=2)
     now = timezone.now()
-    measured_at(now, model, rate=2, chunk_rate=2)
+    measured_at(now, model, rate=2)  # 1 request a second a worker
+    running_on("w0", first, 0, now - timedelta(seconds=2))
+    running_on("w0", held, 1, now - timedelta(seconds=1))
+    running_on("w0", held, 0, now)
 
     estimates.estimates_refresh(now)
 
-    # The fluid play: half of 2 a second beside the other batch, 4 requests: 4 s.
-    eta_seconds = eta_of(late, now)
-    assert eta_seconds == pytest.approx(2 + 4)
+    # w0 serves 2 + 2 + 2 requests; w1, idle, would have halved it.
+    assert eta_of(first, now) == pytest.approx(2)
+    assert eta_of(held, now) == pytest.approx(6)
