@@ -223,8 +223,14 @@ def readings(batch: Watched) -> dict[str, tuple[float, int]]:
     return found
 
 
-def errors(batches: list[Watched]) -> tuple[dict[str, list[float]], list[dict]]:
+def errors(batches: list[Watched]) -> tuple[dict[str, list[float]], list[dict],
+                                            dict[str, list[float]]]:
+    """Each point's errors, each batch's detail, and each point's errors of the
+    readings after which no batch was created until this one ended: what the ETA
+    could have known, as no model can know the batches created after it."""
     found: dict[str, list[float]] = {point: [] for point in POINTS}
+    settled: dict[str, list[float]] = {point: [] for point in POINTS}
+    created = [batch.created for batch in batches]
     detail = []
     for batch in batches:
         real = batch.final.get("completed_at") if batch.final else None
@@ -236,10 +242,16 @@ def errors(batches: list[Watched]) -> tuple[dict[str, list[float]], list[dict]]:
                 continue
             error = abs(eta - real) / (real - at)
             found[point].append(error)
+            if not any(at < when < real for when in created):
+                settled[point].append(error)
             row[point] = round(error, 3)
             row[f"{point} read/eta"] = (round(at - batch.created, 1), eta - round(batch.created))
         detail.append(row)
-    return found, detail
+    return found, detail, settled
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
 
 
 def p(values: list[float], q: float) -> float:
@@ -281,7 +293,7 @@ def accuracy(work: Path, args, root: Path = ROOT, label: str = "this") -> dict:
         chunk_log = fleet.chunk_log() if args.trace else []
     finally:
         fleet.stop()
-    found, detail = errors(list(watched.values()))
+    found, detail, settled = errors(list(watched.values()))
     if args.trace:  # every reading, for a closer look: (seconds since create, done, total, ETA)
         Path(f"{args.trace}-{label}.json").write_text(json.dumps(
             {"readings": {b.id: [(round(at - b.created, 1), done, total,
@@ -290,14 +302,18 @@ def accuracy(work: Path, args, root: Path = ROOT, label: str = "this") -> dict:
                           for b in watched.values()},
              "created": {b.id: b.created for b in watched.values()},
              "chunks": chunk_log}))
-    rows = [[point, len(v), statistics.median(v) if v else float("nan"), p(v, 0.9), goal,
-             "met" if v and statistics.median(v) <= goal else "not met"]
+    rows = [[point, len(v), median(v), p(v, 0.9), goal,
+             "met" if v and statistics.median(v) <= goal else "not met",
+             len(settled[point]), median(settled[point])]
             for (point, goal), v in zip(POINTS.items(), found.values(), strict=True)]
     print_table(f"ETA relative error, {label} ({root.name}; {args.engine}, {args.workers} "
                 f"workers, {wall:.0f} s)",
-                ["point", "readings", "median", "p90", "goal (median)", ""], rows)
+                ["point", "readings", "median", "p90", "goal (median)", "",
+                 "no arrival after", "its median"], rows)
     return {"checkout": str(root), "wall_s": round(wall, 1), "points": {
-        point: {"n": len(v), "median": statistics.median(v) if v else None, "p90": p(v, 0.9)}
+        point: {"n": len(v), "median": statistics.median(v) if v else None, "p90": p(v, 0.9),
+                "no_arrival_after": {"n": len(settled[point]), "median":
+                                     median(settled[point]) if settled[point] else None}}
         for point, v in found.items()}, "batches": detail}
 
 

@@ -1,7 +1,8 @@
 """ETA accuracy and completion windows kept (issue 36), on a discrete-event model of
-the fleet, driven by the code the server runs: the ETA model (batches/eta.py), the
-deadline policy (batches/deadlines.py), the rate measurement (batches/eta.py's
-busy_seconds and request_cost, as batches/estimates.py uses them).
+the fleet, driven by the deadline policy the server runs (batches/deadlines.py) and
+batches/eta.py's fluid play (finish_times), the policy's own view of the future. The
+server's ETA is the chunk play (eta.chunk_finish_times), whose fleet to play is the
+real one: benchmarks/eta.py measures it there. Use this to check the policy.
 
 What is simulated, and what is not: N workers, each running up to `--chunks-per-worker`
 chunks of 200 requests at once, each request costing its output tokens times a
