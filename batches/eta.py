@@ -1,22 +1,31 @@
 """The ETA model: when will each batch finish, given the work ahead of it and beside
 it under the dispatcher's fair share, and each model's measured throughput.
 
-A pure model of the scheduler (batches/dispatch.py), no database: the dispatcher's
-stride scheduling gives each batch waiting for a model a share of that model's
-workers (`fair_shares`: keys by weight, a key's batches by priority); over many
-chunks that is a fluid split of the model's throughput in proportion to the shares
-(generalised processor sharing). `finish_times` plays that split forward, event by
-event: at each step every batch with work left runs at `rate * share / sum(shares)`;
-the one that runs out first finishes, the shares of the rest are computed again
-(a key's other batches inherit its share, as dispatch would give it), and so on.
+Pure, no database. Two plays of the scheduler (batches/dispatch.py):
+
+- `chunk_finish_times`, the server's ETA: the dispatcher and the workers played
+  forward chunk by chunk from where every open chunk is (held by a worker, in the
+  broker's window, pending), each worker serving its chunks one after another at
+  one worker's rate (`service_rate` measures it). It sees what a split of the rate
+  cannot: a chunk keeps its worker, and a small batch's chunk waits for the window
+  and the chunks ahead of it.
+- `finish_times` and `fair_finish_times`, the fluid view the deadline policy plans
+  with (batches/deadlines.py) and benchmarks/eta_model.py checks it by: stride
+  scheduling over many chunks is a fluid split of the model's throughput in
+  proportion to the shares (`fair_shares`: keys by weight, a key's batches by
+  priority; generalised processor sharing), played event by event: at each step
+  every batch with work left runs at `rate * share / sum(shares)`; the one that runs
+  out first finishes, the shares of the rest are computed again (a key's other
+  batches inherit its share, as dispatch would give it), and so on. The two agree
+  over many chunks (tests/batches/test_deadlines.py).
 
 Work is counted in cost units, not requests: a request costs one unit plus its
 output tokens (a batch's own mean once some of it has finished, the model's mean
 before), and a model's rate is measured in the same units (batches/estimates.py),
 so a batch of long answers is not taken for one of short answers.
 
-The share function is a parameter, so the same play gives the ETA under the
-deadline policy (batches/deadlines.py) that dispatch applies.
+The share function is a parameter of both plays, so they give the ETA under the
+deadline policy (batches/deadlines.py) when dispatch applies it.
 """
 
 from __future__ import annotations
