@@ -4,11 +4,13 @@ varied lengths. A large batch runs, a small one joins it; the ETAs the API shows
 are read as a client reads them.
 
 What must hold: every running batch shows an estimated_completion_at; the large
-batch's, read once half of it is done, lies within ACCURACY of its real
-completion (relative to the time it still had to go; a model that ignored the
-workers or took the rate for a single worker's is off by 2x or more); the small batch's
-first ETA lies within the large one's (fair share: it does not wait for the large
-batch); null once a batch has ended; no 5xx and no error line in any log."""
+batch's, read once half of it is done, and the small one's first lie within
+ACCURACY of their real completion (relative to the time each still had to go; a
+model that ignored the workers or took the rate for a single worker's is off by 2x
+or more; one that split the rate by fair share would have the small batch finish
+well before the large one, when its chunks in fact wait behind the large batch's
+already in the broker's window); null once a batch has ended; no 5xx and no error
+line in any log."""
 
 from __future__ import annotations
 
@@ -19,11 +21,12 @@ from tests.e2e.harness import chat_lines, wait_until
 from tests.fleet.fleet import error_lines
 
 LARGE, SMALL = 1_200, 120
-# Off by no more than the time it still had to go (neither twice as long nor
-# now). Measured here: 0.62 at half done, 0.95-1.09 at a quarter (2x late: a lone
-# batch on a fresh fleet is estimated at about 60 % of the fleet's rate, an open
-# question in docs/benchmarks.md); the benchmark's median at 50 % is 0.16.
-ACCURACY = 1.0
+# Off by no more than half the time it still had to go. Measured here with the chunk
+# play: 0.00-0.05 at half done (0.62 with the fluid play, which took a lone batch on
+# a fresh fleet for 60 % as fast as it ran), and the small batch's first ETA 0 s off
+# its real completion, 20 s ahead (one run printed); the benchmark's median at 50 %
+# is 0.08.
+ACCURACY = 0.5
 # 25 ms a token, answers of 8-120 tokens cut at max_tokens 64 (about 45 on average),
 # 12 slots a worker, three workers: about 33 requests a second, so the large batch
 # runs some 36 s: several estimate refreshes (every 5 s) and chunk rounds (a chunk of
@@ -56,7 +59,7 @@ def test_three_workers_on_postgresql_show_etas_that_hold(fleet_backends, start_f
     small_eta = wait_until(lambda: (b := api.batch(small["id"]))["estimated_completion_at"]
                            or b["status"] == "completed" and "ended", timeout=60,
                            interval=0.25, message="the small batch's ETA")
-    large_eta_then = api.batch(large["id"])["estimated_completion_at"]
+    small_read_at = time.time()
     large_done = api.wait_status(large["id"], {"completed", "failed"}, timeout=240)
     small_done = api.wait_status(small["id"], {"completed", "failed"}, timeout=60)
 
@@ -66,7 +69,9 @@ def test_three_workers_on_postgresql_show_etas_that_hold(fleet_backends, start_f
     error = abs(half["estimated_completion_at"] - real) / (real - read_at)
     assert error <= ACCURACY, (half["estimated_completion_at"], real, read_at)
     assert small_eta != "ended", "the small batch ended before an estimate was refreshed"
-    assert small_eta <= large_eta_then + 1
+    small_error = abs(small_eta - small_done["completed_at"]) / max(
+        small_done["completed_at"] - small_read_at, 5.0)  # a refresh's period at least
+    assert small_error <= ACCURACY, (small_eta, small_done["completed_at"], small_read_at)
     assert large_done["estimated_completion_at"] is None
     assert api.server_errors == []
     assert error_lines(fleet.logs) == []
