@@ -18,7 +18,11 @@ from tests.e2e.harness import ROOT, chat_lines, output_ids
 
 @pytest.fixture
 def server(start_server):
-    srv, api = start_server(BATCHGEN_SIM_LATENCY_MS="20")
+    # 8 slots at 20 ms a request: the flows' batches of 10-30 lines take a tenth of a
+    # second, and the 2,000-line batch the SDK cancels at least 5 s, so the cancel
+    # finds it running (with the default slots it could complete in well under a
+    # second, before the cancel arrived: a CI run saw it).
+    srv, api = start_server(BATCHGEN_SIM_LATENCY_MS="20", BATCHGEN_MAX_POOL_SIZE="8")
     return srv
 
 
