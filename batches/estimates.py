@@ -45,7 +45,7 @@ from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from batches import deadlines, eta
-from batches.dispatch import MIN_WINDOW, _model_filter, chunk_model
+from batches.dispatch import MIN_WINDOW, _model_filter, chunk_model, starting_pass
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, ModelThroughput
 from core.transient import retry_transient
 from fleet import selectors as fleet_selectors
@@ -181,7 +181,7 @@ def open_chunks() -> dict[str, OpenChunks]:
     return found
 
 
-def play(model: str, loads: list[eta.Load], chunks: OpenChunks, measured: ModelThroughput,
+def play(loads: list[eta.Load], chunks: OpenChunks, measured: ModelThroughput,
          passes: dict[str, float], threads: dict[str, int]) -> dict[str, float]:
     """Seconds until each batch's work on `model` is done: the chunk play (eta.
     chunk_finish_times) under the shares dispatch applies (the deadline policy's, or
@@ -217,7 +217,7 @@ def estimates_refresh(now: datetime | None = None) -> int:
             finish.update((load.batch_id, None) for load in loads)
             continue
         risky.update(load.batch_id for load in loads if deadlines.at_risk(load, measured.rate))
-        played = play(model, loads, chunks, measured,
+        played = play(loads, chunks, measured,
                       {batch_id: batches[batch_id][12] for batch_id in chunks.left
                        if batch_id in batches}, threads.get(model, {}))
         for batch_id, seconds in played.items():
@@ -295,8 +295,7 @@ def admission_eta(*, model: str, requests: int, window_seconds: float, priority:
                           chunk=size * measured.cost_per_request,
                           cost=measured.cost_per_request, time_left=window_seconds))
     chunks.pending[""] = (max(1, math.ceil(requests / size)), requests)
-    passes[""] = min((passes[batch_id] for batch_id in chunks.pending if batch_id in passes),
-                     default=0.0)
-    played = play(model, loads, chunks, measured, passes,
+    passes[""] = starting_pass()  # as batch_validate will give it
+    played = play(loads, chunks, measured, passes,
                   fleet_selectors.live_worker_threads().get(model, {}))
     return None if math.isinf(played[""]) else played[""]

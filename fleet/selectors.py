@@ -26,10 +26,15 @@ def live_workers() -> QuerySet[Worker]:
     return Worker.objects.filter(heartbeat_at__gte=fresh, stopped_at__isnull=True)
 
 
+MAX_CHUNK_THREADS = 512
+
+
 def chunk_threads(slots_capacity: int) -> int:
-    """The chunk threads of a worker with these slots (as
-    inference.signals.inference_concurrency gives them)."""
-    return math.ceil(slots_capacity / settings.BATCHGEN_CHUNK_SIZE) + 2
+    """The chunk threads of an inference worker with these slots: enough chunks to
+    fill every slot, and two more (chunks near their end hold few slots; two more
+    keep the engine fed). The worker sizes its pool by it
+    (inference.signals.inference_concurrency); dispatch and the ETA count by it."""
+    return min(MAX_CHUNK_THREADS, math.ceil(slots_capacity / settings.BATCHGEN_CHUNK_SIZE) + 2)
 
 
 def dispatch_window(model: str) -> int:

@@ -6,7 +6,6 @@ slot: a chunk's thread waits for slots, so threads are cheap placeholders."""
 from __future__ import annotations
 
 import logging
-import math
 
 from celery import signals
 from django.conf import settings
@@ -15,13 +14,14 @@ from core.celery import QueueName, inference_queue, is_inference_queue
 
 logger = logging.getLogger("batchgen.inference")
 
-MAX_CHUNK_THREADS = 512
 
 
 def inference_concurrency() -> int:
-    chunks_to_fill = math.ceil(settings.BATCHGEN_MAX_POOL_SIZE / settings.BATCHGEN_CHUNK_SIZE)
-    # Headroom: chunks near their end hold few slots; two more keep the engine fed.
-    return min(MAX_CHUNK_THREADS, chunks_to_fill + 2)
+    """This worker's chunk threads, by the rule the dispatcher and the ETA count
+    them by (fleet.selectors.chunk_threads)."""
+    from fleet.selectors import chunk_threads
+
+    return chunk_threads(settings.BATCHGEN_MAX_POOL_SIZE)
 
 
 def consumes_inference(app) -> bool:
