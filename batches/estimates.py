@@ -11,17 +11,21 @@ and the workers played forward chunk by chunk from where every open chunk is now
 deadline policy dispatch applies (batches/deadlines.py). Its inputs, measured here:
 
 - one worker's rate, in cost units (a request plus its output tokens) a second:
-  its chunks' work over their service times (eta.service_rate: a worker serves the
-  chunks it holds one after another, so a chunk's service starts at the later of
-  its claim and the close before it on the same worker), over the model's last
-  LAST_CHUNKS finished chunks (CHUNKS_PER_WORKER a live worker, if more); before any
-  closed, the running chunks' work so far over their busy time. Stored as the
-  model's rate (times its live workers) for the deadline policy. A model that no
-  worker holds now (multiplexing) is planned on one worker after a swap (the
-  recent swaps' time, fleet.selectors.swap_seconds_estimate).
+  what the model's chunks did between refreshes (Progress: the requests done by the
+  chunks running now, at the last refresh or closed since) over the last
+  PROGRESS_SECONDS it had work, over its live workers; it counts the requests in
+  flight. Until PROGRESS_MIN seconds are in (a control worker that just started),
+  from the finished chunks: their work over their service times (eta.service_rate:
+  a chunk's service starts at the later of its claim and the close before it on
+  the same worker), over the model's last LAST_CHUNKS finished chunks
+  (CHUNKS_PER_WORKER a live worker, if more); before any closed, the running chunks'
+  work so far over their busy time. Stored as the model's rate (times its live
+  workers) for the deadline policy. A model that no worker holds now
+  (multiplexing) is planned on one worker after a swap (the recent swaps' time,
+  fleet.selectors.swap_seconds_estimate).
 - where each open chunk is: each live worker's running chunks in the order it
-  claimed them and its chunk threads, the broker's window in the order it was
-  published, and each batch's pending chunks and stride pass.
+  claimed them, its chunk threads and its slots, the broker's window in the order
+  it was published, and each batch's pending chunks and stride pass.
 - each batch's work left on each model: its open chunks' requests not yet done,
   times its cost per request: its own mean so far; before any finished, the
   answer-length prior (eta.answer_prior: what the model's last PRIOR_BATCHES
@@ -34,13 +38,14 @@ lock while waiting for another (docs/architecture.md, "Locks")."""
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 
 from django.conf import settings
-from django.db.models import Count, F, Sum
+from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
@@ -67,12 +72,92 @@ PRIOR_BATCHES = 50
 # every 5 s for noise.
 MOVED = timedelta(seconds=1)
 MOVED_FRACTION = 0.01
+# The model's rate now: the cost units its running chunks did between refreshes
+# (their counts are flushed every second or so), over the last PROGRESS_SECONDS it
+# had work, once PROGRESS_MIN seconds of them are in. Unlike the finished chunks'
+# rate it counts the requests in flight, which a worker running several chunks side
+# by side (many slots) holds a good part of its work in.
+PROGRESS_SECONDS = 120.0
+PROGRESS_MIN = 10.0
 
 
-def model_throughput_measure(*, model: str, live_workers: int,
-                             now: datetime) -> ModelThroughput | None:
-    """Measure `model`'s rate from its last finished chunks and store it; the last
-    stored one (scaled to the live workers) when none finished yet; None if never."""
+@dataclass
+class Progress:
+    """What the refreshing process remembers of the running chunks from one refresh
+    to the next: the requests each had done (and its worker), and per model the
+    intervals it had work in, as (start, end, cost units done, workers that held its
+    chunks). In memory: the control worker refreshes, and one that starts afresh
+    measures from the finished chunks until it has PROGRESS_MIN seconds of its own."""
+
+    at: datetime | None = None
+    done: dict[int, tuple[str, str, int]] = field(default_factory=dict)  # (model, worker, done)
+    spans: dict[str, deque[tuple[float, float, float, int]]] = field(
+        default_factory=lambda: defaultdict(deque))
+
+    def observe(self, now: datetime, rows: list[tuple[int, str, str, bool, int, float]]) -> None:
+        """Take in `rows`, (chunk, model, worker, running, requests done, cost a
+        request) of the chunks running now, at the last refresh, or finished since.
+        A model's first intervals without progress (an engine warming up) are not
+        its rate."""
+        work: dict[str, float] = defaultdict(float)
+        held: dict[str, set[str]] = defaultdict(set)
+        for model, worker, _ in self.done.values():
+            held[model].add(worker)
+        for chunk_id, model, worker, _, done, cost in rows:
+            before = self.done.get(chunk_id, (model, worker, 0))[2]
+            work[model] += max(done - before, 0) * cost
+            if done > before:
+                held[model].add(worker)
+        if self.at is not None and now > self.at:
+            for model, workers in held.items():
+                spans = self.spans[model]
+                if spans or work[model] > 0:
+                    spans.append((self.at.timestamp(), now.timestamp(), work[model], len(workers)))
+                while spans and spans[0][1] < now.timestamp() - PROGRESS_SECONDS:
+                    spans.popleft()
+        self.done = {chunk_id: (model, worker, done)
+                     for chunk_id, model, worker, running, done, _ in rows if running}
+        self.at = now
+
+    def forget(self) -> None:
+        self.at, self.done, self.spans = None, {}, defaultdict(deque)
+
+    def rate(self, model: str) -> float | None:
+        """One worker's cost units a second: the model's over its recent intervals
+        with work, over the workers that held its chunks in them."""
+        spans = self.spans.get(model) or ()
+        seconds = sum(end - start for start, end, *_ in spans)
+        work = sum(span[2] for span in spans)
+        worker_seconds = sum((end - start) * workers for start, end, _, workers in spans)
+        return work / worker_seconds if seconds >= PROGRESS_MIN and work > 0 else None
+
+
+PROGRESS = Progress()
+
+
+def progress_observe(now: datetime, models: Iterable[str]) -> None:
+    """One refresh's look at the chunks of `models` (those with live workers)
+    running now or finished since the last, and at those running at the last."""
+    seen = Q(status=ChunkStatus.RUNNING) | Q(id__in=list(PROGRESS.done))
+    if PROGRESS.at is not None:
+        seen |= Q(model__in=[name for model in models for name in _model_filter(model)],
+                  status=ChunkStatus.DONE, finished_at__gt=PROGRESS.at)
+    rows = Chunk.objects.filter(seen).values_list(
+        "id", "model", "worker", "status", "completed", "failed", "batch__completed",
+        "batch__failed", "batch__usage_output_tokens")
+    PROGRESS.observe(now, [
+        (chunk_id, chunk_model(model), worker, status == ChunkStatus.RUNNING, done + failed,
+         eta.request_cost(batch_done + batch_failed, tokens))
+        for chunk_id, model, worker, status, done, failed, batch_done, batch_failed, tokens
+        in rows])
+
+
+def model_throughput_measure(*, model: str, live_workers: int, now: datetime,
+                             progress: float | None = None) -> ModelThroughput | None:
+    """Measure `model`'s rate and store it: one worker's `progress` (cost units a
+    second, Progress.rate) when there is one, else from its last finished chunks;
+    the last stored one (scaled to the live workers) when none finished yet; None
+    if never."""
     rows = list(Chunk.objects.filter(model__in=_model_filter(model), status=ChunkStatus.DONE,
                                      claimed_at__isnull=False, finished_at__isnull=False)
                 .order_by("-finished_at")
@@ -94,7 +179,9 @@ def model_throughput_measure(*, model: str, live_workers: int,
     costs = [eta.request_cost(done + failed, tokens) for *_, done, failed, tokens in rows]
     work = [(worker, claimed.timestamp(), end.timestamp(), count * cost)
             for (count, claimed, end, worker, *_), cost in zip(rows, costs, strict=True)]
-    one = eta.service_rate(work) if finished else None
+    one = progress or None
+    if one is None and finished:
+        one = eta.service_rate(work)
     if one is None:  # nothing closed yet: the work in flight over the time it took
         whole = eta.measured_rate([row[1:] for row in work])
         one = whole / (len({row[0] for row in work}) or 1) if whole else None
@@ -119,54 +206,63 @@ def answer_history(model: str) -> list[tuple[float, float, int]]:
 @dataclass
 class OpenChunks:
     """A model's open chunks of running batches, as the chunk play needs them:
-    requests left per batch, the running ones (worker, batch, requests left) in the
-    order they were claimed, the queued ones in the order they were published, and
-    the pending ones per batch (chunks, requests)."""
+    requests left per batch, the running ones (worker, batch, requests left, seconds
+    since their claim) in the order they were claimed, the queued ones in the order
+    they were published, and the pending ones per batch (chunks, requests)."""
 
     left: dict[str, int] = field(default_factory=dict)
-    running: list[tuple[str, str, int]] = field(default_factory=list)
+    running: list[tuple[str, str, int, float]] = field(default_factory=list)
     queued: list[tuple[str, int]] = field(default_factory=list)
     pending: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def add(self, batch_id: str, requests: int) -> None:
         self.left[batch_id] = self.left.get(batch_id, 0) + requests
 
-    def dispatch(self, loads: list[eta.Load], threads: dict[str, int],
+    def dispatch(self, loads: list[eta.Load], slots: dict[str, int],
                  passes: dict[str, float]) -> eta.Dispatch:
-        """The play's view: its cost units from `loads`; a running chunk of a worker
-        that is not live for this model first in the window (it is taken again)."""
+        """The play's view of the workers with these `slots`: its cost units from
+        `loads`; a running chunk of a worker that is not live for this model first in
+        the window (it is taken again)."""
         cost = {load.batch_id: load.cost for load in loads}
-        held: dict[str, list[tuple[str, float]]] = {worker: [] for worker in threads}
+        held: dict[str, list[tuple[str, float]]] = {worker: [] for worker in slots}
+        ages: dict[str, list[float]] = {worker: [] for worker in slots}
         orphans = []
-        for worker, batch_id, left in self.running:
+        for worker, batch_id, left, claimed in self.running:
             work = (batch_id, left * cost.get(batch_id, 1.0))
-            (held[worker] if worker in held else orphans).append(work)
-        if not threads:  # no live worker holds the model: one will, after a swap
-            threads = {"": fleet_selectors.chunk_threads(settings.BATCHGEN_MAX_POOL_SIZE)}
-            held = {"": []}
+            if worker in held:
+                held[worker].append(work)
+                ages[worker].append(claimed)
+            else:
+                orphans.append(work)
+        if not slots:  # no live worker holds the model: one will, after a swap
+            slots, held, ages = {"": settings.BATCHGEN_MAX_POOL_SIZE}, {"": []}, {"": []}
+        threads = {worker: fleet_selectors.chunk_threads(count) for worker, count in slots.items()}
         return eta.Dispatch(
-            workers=tuple(eta.Held(threads[worker], tuple(held[worker])) for worker in threads),
+            workers=tuple(eta.Held(threads[worker], tuple(held[worker]), slots[worker],
+                                   tuple(ages[worker])) for worker in slots),
             queued=tuple(orphans + [(batch_id, left * cost.get(batch_id, 1.0))
                                     for batch_id, left in self.queued]),
             window=max(MIN_WINDOW, fleet_selectors.window_for(threads.values())),
             pending=self.pending, passes=passes)
 
 
-def open_chunks() -> dict[str, OpenChunks]:
-    """Each served model's OpenChunks, in two queries: the running and queued chunks
-    one by one (a few per worker), the pending ones summed per batch."""
+def open_chunks(now: datetime | None = None) -> dict[str, OpenChunks]:
+    """Each served model's OpenChunks at `now`, in two queries: the running and
+    queued chunks one by one (a few per worker), the pending ones summed per batch."""
     found: dict[str, OpenChunks] = defaultdict(OpenChunks)
     flying = (Chunk.objects.filter(status__in=(ChunkStatus.RUNNING, ChunkStatus.QUEUED),
                                    batch__status=BatchStatus.IN_PROGRESS)
               .annotate(left=Greatest(F("count") - F("completed") - F("failed"), 0))
               .order_by(F("claimed_at").asc(nulls_last=True),
                         F("published_at").asc(nulls_last=True), "id")
-              .values_list("model", "batch_id", "status", "worker", "left"))
-    for model, batch_id, status, worker, left in flying:
+              .values_list("model", "batch_id", "status", "worker", "left", "claimed_at"))
+    now = now or timezone.now()
+    for model, batch_id, status, worker, left, claimed in flying:
         chunks = found[chunk_model(model)]
         chunks.add(batch_id, left)
         if status == ChunkStatus.RUNNING:
-            chunks.running.append((worker, batch_id, left))
+            chunks.running.append((worker, batch_id, left,
+                                   max((now - claimed).total_seconds(), 0.0) if claimed else 0.0))
         else:
             chunks.queued.append((batch_id, left))
     for row in (Chunk.objects.filter(status=ChunkStatus.PENDING,
@@ -182,17 +278,17 @@ def open_chunks() -> dict[str, OpenChunks]:
 
 
 def play(loads: list[eta.Load], chunks: OpenChunks, measured: ModelThroughput,
-         passes: dict[str, float], threads: dict[str, int]) -> dict[str, float]:
+         passes: dict[str, float], slots: dict[str, int]) -> dict[str, float]:
     """Seconds until each batch's work on `model` is done: the chunk play (eta.
     chunk_finish_times) under the shares dispatch applies (the deadline policy's, or
     fair share with it off), at one worker's measured rate, after a swap when no live
     worker holds the model."""
     rate = measured.rate
-    one = rate / max(len(threads), 1)
-    delay = 0.0 if threads else fleet_selectors.swap_seconds_estimate()
+    one = rate / max(len(slots), 1)
+    delay = 0.0 if slots else fleet_selectors.swap_seconds_estimate()
     shares = partial(deadlines.deadline_shares, rate=rate) if settings.BATCHGEN_DEADLINE_POLICY \
         else eta.fair_shares
-    played = eta.chunk_finish_times(loads, chunks.dispatch(loads, threads, passes), one, shares)
+    played = eta.chunk_finish_times(loads, chunks.dispatch(loads, slots, passes), one, shares)
     return {batch_id: seconds + delay for batch_id, seconds in played.items()}
 
 
@@ -204,12 +300,13 @@ def estimates_refresh(now: datetime | None = None) -> int:
     batches = {row[0]: row for row in Batch.objects.filter(status=BatchStatus.IN_PROGRESS)
                .values_list(*COLUMNS)}
     histories = {model: answer_history(model) for model in {row[11] for row in batches.values()}}
-    threads = fleet_selectors.live_worker_threads()
+    slots = fleet_selectors.live_worker_slots()
+    progress_observe(now, slots)
     finish: dict[str, float | None] = {}
     risky: set[str] = set()
-    for model, chunks in open_chunks().items():
-        measured = model_throughput_measure(model=model, live_workers=len(threads.get(model, {})),
-                                            now=now)
+    for model, chunks in open_chunks(now).items():
+        measured = model_throughput_measure(model=model, live_workers=len(slots.get(model, {})),
+                                            now=now, progress=PROGRESS.rate(model))
         loads = [load_of(batches[batch_id], requests, measured, now,
                          histories[batches[batch_id][11]])
                  for batch_id, requests in chunks.left.items() if batch_id in batches]
@@ -219,7 +316,7 @@ def estimates_refresh(now: datetime | None = None) -> int:
         risky.update(load.batch_id for load in loads if deadlines.at_risk(load, measured.rate))
         played = play(loads, chunks, measured,
                       {batch_id: batches[batch_id][12] for batch_id in chunks.left
-                       if batch_id in batches}, threads.get(model, {}))
+                       if batch_id in batches}, slots.get(model, {}))
         for batch_id, seconds in played.items():
             if finish.get(batch_id, 0.0) is not None:  # of several models: the last one's
                 finish[batch_id] = max(finish.get(batch_id) or 0.0, seconds)
@@ -282,7 +379,7 @@ def admission_eta(*, model: str, requests: int, window_seconds: float, priority:
     measured = ModelThroughput.objects.filter(model=model).first()
     if measured is None or measured.rate <= 0:
         return None
-    chunks = open_chunks().get(model, OpenChunks())
+    chunks = open_chunks(now).get(model, OpenChunks())
     rows = {row[0]: row for row in Batch.objects.filter(id__in=list(chunks.left))
             .values_list(*COLUMNS)}
     history = answer_history(model)
@@ -297,5 +394,5 @@ def admission_eta(*, model: str, requests: int, window_seconds: float, priority:
     chunks.pending[""] = (max(1, math.ceil(requests / size)), requests)
     passes[""] = starting_pass()  # as batch_validate will give it
     played = play(loads, chunks, measured, passes,
-                  fleet_selectors.live_worker_threads().get(model, {}))
+                  fleet_selectors.live_worker_slots().get(model, {}))
     return None if math.isinf(played[""]) else played[""]

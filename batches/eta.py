@@ -5,10 +5,12 @@ Pure, no database. Two plays of the scheduler (batches/dispatch.py):
 
 - `chunk_finish_times`, the server's ETA: the dispatcher and the workers played
   forward chunk by chunk from where every open chunk is (held by a worker, in the
-  broker's window, pending), each worker serving its chunks one after another at
-  one worker's rate (`service_rate` measures it). It sees what a split of the rate
-  cannot: a chunk keeps its worker, and a small batch's chunk waits for the window
-  and the chunks ahead of it.
+  broker's window, pending), each worker running its chunks' requests in the order
+  it claimed them, as many at once as its slots, at one worker's rate
+  (batches/estimates.py measures it). It sees what a split of the rate cannot: a
+  chunk keeps its worker, a small batch's chunk waits for the window and the
+  chunks ahead of it, and on a worker with many slots a cheap chunk ends before the
+  dear ones beside it.
 - `finish_times` and `fair_finish_times`, the fluid view the deadline policy plans
   with (batches/deadlines.py) and benchmarks/eta_model.py checks it by: stride
   scheduling over many chunks is a fluid split of the model's throughput in
@@ -30,6 +32,7 @@ deadline policy (batches/deadlines.py) when dispatch applies it.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import Counter, deque
@@ -241,11 +244,16 @@ def service_rate(chunks: Sequence[tuple[str, float, float, float]]) -> float | N
 
 @dataclass(frozen=True, slots=True)
 class Held:
-    """One live worker of a model: its chunk threads, and the chunks it holds in the
-    order it claimed them, as (batch, cost units left); the first is being served."""
+    """One live worker of a model: its chunk threads, the chunks it holds in the
+    order it claimed them, as (batch, cost units left), and its slots: the requests
+    it runs at once. One slot serves the chunks one after another; with more, the
+    engine runs requests of several chunks side by side, admitted in claim order
+    (inference/slots.py)."""
 
     threads: int
     chunks: tuple[tuple[str, float], ...] = ()
+    slots: int = 1
+    ages: tuple[float, ...] = ()  # seconds since it claimed each chunk (none: just now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,18 +269,106 @@ class Dispatch:
     passes: dict[str, float] = field(default_factory=dict)
 
 
+class _Stream:
+    """One worker's requests in the order its slots admit them (its chunks' claim
+    order: inference/slots.py), as positions in a stream done at the worker's rate,
+    first in, first out. Each chunk is a segment: its first position, when the
+    stream starts on it and its cost a request; `ends` and `times` are where and
+    when each segment ends.
+
+    A chunk's last request is admitted once the stream has done all but the
+    requests the slots hold with it, and shares the engine with them, each taking
+    as much of it as the request does (processor sharing): so it ends after its own
+    cost plus, from each of the requests beside it (before it, still in the engine,
+    and after it, filling the slots that free), as much as its cost, at most the
+    slots' worth (`close`). With one slot that is the stream reaching the chunk's
+    end; with many, a cheap chunk behind dear ones ends before them and a dear
+    chunk after the cheap ones beside it, as on an engine that runs them side by
+    side."""
+
+    def __init__(self, slots: int, rate: float) -> None:
+        self.slots, self.rate = max(slots, 1), rate
+        self.segments: list[tuple[float, float, float]] = []  # (first position, start, cost)
+        self.ends: list[float] = []
+        self.times: list[float] = []
+        self.head = 0  # the segments before it were done before now
+
+    @property
+    def position(self) -> float:
+        return self.ends[-1] if self.ends else 0.0
+
+    def add(self, requests: float, cost: float, at: float) -> float:
+        """Append a chunk of `requests` of `cost` each at time `at`; its end position."""
+        start = max(self.times[-1], at) if self.times else at
+        self.segments.append((self.position, start, cost))
+        self.ends.append(self.position + requests)
+        self.times.append(start + requests * cost / self.rate)
+        return self.ends[-1]
+
+    def done_at(self, when: float) -> float:
+        """The stream's position at `when`, no earlier than the last asked (the
+        segments done by then are dropped)."""
+        while self.head < len(self.times) and self.times[self.head] <= when:
+            self.head += 1
+        if self.head > 64 and self.head * 2 > len(self.times):
+            del self.segments[:self.head], self.ends[:self.head], self.times[:self.head]
+            self.head = 0
+        if self.head == len(self.times):
+            return self.position
+        first, start, cost = self.segments[self.head]
+        return first if when <= start else first + (when - start) * self.rate / cost
+
+    def reached(self, position: float) -> float:
+        """When the stream reaches `position` (one not before the head's)."""
+        i = bisect.bisect_left(self.ends, position, lo=self.head)
+        if i == len(self.ends):
+            return self.times[-1]
+        first, start, cost = self.segments[i]
+        return start + max(position - first, 0.0) * cost / self.rate
+
+    def beside(self, low: float, high: float, cost: float, limit: float) -> float:
+        """Cost units of the requests at positions (low, high], each counted up to
+        `cost`, summed until past `limit`."""
+        total = 0.0
+        i = bisect.bisect_right(self.ends, low, lo=self.head)
+        while i < len(self.ends) and total < limit and self.segments[i][0] < high:
+            first, _, each = self.segments[i]
+            total += (min(high, self.ends[i]) - max(low, first)) * min(each, cost)
+            i += 1
+        return total
+
+    def close(self, end: float, requests: float, cost: float, now: float,
+              age: float = 0.0) -> float:
+        """When the chunk of `requests` of `cost` each that ends at position `end`,
+        added at `now`, closes: when its last request ends. A chunk the worker
+        claimed `age` seconds before the play whose last request is in the engine
+        already is taken to be half way through it (a request found there may have
+        just started or be nearly done), though no further than its age."""
+        if requests <= 0:
+            return now
+        done = self.done_at(now)
+        inside = end - self.slots <= done
+        admitted = now if inside else self.reached(end - self.slots)
+        limit = (self.slots - 1) * cost
+        shared = self.beside(max(end - self.slots, done), end - 1, cost, limit)
+        shared += self.beside(end, self.position, cost, limit - shared)
+        latency = (cost + min(shared, limit)) / self.rate
+        return max(admitted, now) + latency - (min(age, latency / 2) if inside else 0.0)
+
+
 class _ChunkPlay:
     """chunk_finish_times' state as it plays forward (one model)."""
 
     def __init__(self, loads: Sequence[Load], state: Dispatch, worker_rate: float,
                  shares: ShareFunction) -> None:
         self.loads = {load.batch_id: load for load in loads}
-        self.state, self.rate, self.shares = state, worker_rate, shares
-        self.held = [deque(chunks.chunks) for chunks in state.workers]
+        self.state, self.shares = state, shares
+        self.streams = [_Stream(held.slots, worker_rate) for held in state.workers]
+        self.holding = [0] * len(state.workers)  # chunks each worker holds
         self.queue = deque(state.queued)
         self.pending = {batch: [chunks, requests] for batch, (chunks, requests)
                         in state.pending.items() if chunks > 0 and batch in self.loads}
-        self.left = Counter(batch for chunks in self.held for batch, _ in chunks)
+        self.left = Counter(batch for held in state.workers for batch, _ in held.chunks)
         self.left.update(batch for batch, _ in self.queue)
         self.left.update({batch: chunks for batch, (chunks, _) in self.pending.items()})
         self.remaining = {batch: load.remaining for batch, load in self.loads.items()}
@@ -280,8 +376,34 @@ class _ChunkPlay:
         heapq.heapify(self.passes)
         self.split: dict[str, float] = {}
         self.members: frozenset[str] = frozenset()
-        self.closes: list[tuple[float, int]] = []  # (when its first chunk closes, worker)
+        # (when it closes, order taken, worker, batch, cost units): the chunks held
+        self.closes: list[tuple[float, int, int, str, float]] = []
+        self.taken: list[tuple[int, str, float, float, float]] = []  # this instant's, unsettled
+        self.order = 0
         self.now = 0.0
+        for worker, held in enumerate(state.workers):
+            for i, (batch, work) in enumerate(held.chunks):
+                self.hold(worker, batch, work, held.ages[i] if i < len(held.ages) else 0.0)
+
+    def cost(self, batch: str) -> float:
+        return self.loads[batch].cost if batch in self.loads else 1.0
+
+    def hold(self, worker: int, batch: str, work: float, age: float = 0.0) -> None:
+        """`worker` holds a chunk, claimed `age` seconds ago: its requests join the
+        worker's stream."""
+        end = self.streams[worker].add(work / self.cost(batch), self.cost(batch), self.now)
+        self.holding[worker] += 1
+        self.taken.append((worker, batch, work, end, age))
+
+    def settle(self) -> None:
+        """When the chunks taken at this instant close, worked out once all of them
+        are in (they share their worker's engine)."""
+        for worker, batch, work, end, age in self.taken:
+            cost = self.cost(batch)
+            when = self.streams[worker].close(end, work / cost, cost, self.now, age)
+            self.order += 1
+            heapq.heappush(self.closes, (when, self.order, worker, batch, work))
+        self.taken.clear()
 
     def refill(self) -> None:
         """The dispatcher: the lowest pass's next chunk into the window, while it has room."""
@@ -304,19 +426,17 @@ class _ChunkPlay:
 
     def take(self, worker: int) -> None:
         """A free chunk thread of `worker` takes the window's first chunk (the
-        dispatcher refills it); a worker that was idle starts serving it."""
-        held = self.held[worker]
-        held.append(self.queue.popleft())
+        dispatcher refills it)."""
+        batch, work = self.queue.popleft()
         self.refill()
-        if len(held) == 1:
-            heapq.heappush(self.closes, (self.now + held[0][1] / self.rate, worker))
+        self.hold(worker, batch, work)
 
     def deal(self) -> None:
         """The free chunk threads take the window's chunks a worker at a time, as
         the broker hands its messages round its consumers."""
         while self.queue:
-            free = [worker for worker, held in enumerate(self.held)
-                    if len(held) < self.state.workers[worker].threads]
+            free = [worker for worker, held in enumerate(self.holding)
+                    if held < self.state.workers[worker].threads]
             if not free:
                 return
             for worker in free:
@@ -324,18 +444,17 @@ class _ChunkPlay:
                     self.take(worker)
 
     def close(self) -> str:
-        """The next chunk to close; its worker serves its next one and takes another
-        from the window. Returns its batch."""
-        self.now, worker = heapq.heappop(self.closes)
-        batch, work = self.held[worker].popleft()
+        """The next chunk to close; its worker takes another from the window. Returns
+        its batch."""
+        self.now, _, worker, batch, work = heapq.heappop(self.closes)
+        self.holding[worker] -= 1
         self.left[batch] -= 1
         if batch in self.remaining:
             self.remaining[batch] = max(self.remaining[batch] - work, 0.0)
-        if self.held[worker]:
-            heapq.heappush(self.closes, (self.now + self.held[worker][0][1] / self.rate, worker))
-        if self.queue and len(self.held[worker]) < self.state.workers[worker].threads:
+        if self.queue and self.holding[worker] < self.state.workers[worker].threads:
             self.take(worker)
         self.deal()
+        self.settle()
         return batch
 
 
@@ -346,21 +465,21 @@ def chunk_finish_times(loads: Sequence[Load], state: Dispatch, worker_rate: floa
     `state.window` chunks in the broker's window, the lowest stride pass first (a
     chunk of n requests moves its batch's pass by n / share, the shares from
     `shares` over the batches still pending, as dispatch computes them); a worker
-    with a free chunk thread takes the window's first chunk; each worker serves its
-    chunks one after another at `worker_rate` cost units a second. Exact for a
-    scheduler that behaves so, whatever the batches' sizes: a small batch's one
-    chunk waits for the window ahead of it and for the chunks ahead of it on its
-    worker, which a fluid split of the rate cannot say. O(chunks × log) plus a
-    share computation each time a batch runs out of pending chunks."""
+    with a free chunk thread takes the window's first chunk; each worker runs its
+    chunks' requests at `worker_rate` cost units a second, in the order it claimed
+    them, as many at once as its slots (`_Stream`: one slot serves its chunks one
+    after another). Exact for a scheduler that behaves so, whatever the batches'
+    sizes: a small batch's one chunk waits for the window ahead of it and for the
+    chunks ahead of it on its worker, which a fluid split of the rate cannot say.
+    O(chunks × log) plus a share computation each time a batch runs out of pending
+    chunks."""
     if worker_rate <= 0:
         raise ValueError("chunk_finish_times needs a positive rate")
     play = _ChunkPlay(loads, state, worker_rate, shares)
     finish = {batch: 0.0 for batch in play.loads if play.left[batch] <= 0}
     play.refill()
-    for worker, held in enumerate(play.held):
-        if held:
-            heapq.heappush(play.closes, (held[0][1] / worker_rate, worker))
     play.deal()
+    play.settle()
     while play.closes:
         batch = play.close()
         if play.left[batch] <= 0 and batch in play.loads:

@@ -49,11 +49,12 @@ def window_for(threads: Iterable[int]) -> int:
     return sum(threads) + 2
 
 
-def live_worker_threads() -> dict[str, dict[str, int]]:
-    """Each model's live workers and their chunk threads: {model: {worker: threads}}."""
+def live_worker_slots() -> dict[str, dict[str, int]]:
+    """Each model's live workers and their slots: {model: {worker: slots}} (their
+    chunk threads are `chunk_threads` of it)."""
     found: dict[str, dict[str, int]] = defaultdict(dict)
     for model, name, capacity in live_workers().values_list("model", "name", "slots_capacity"):
-        found[model][name] = chunk_threads(capacity)
+        found[model][name] = capacity
     return found
 
 

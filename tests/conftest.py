@@ -51,14 +51,16 @@ def storage(settings, tmp_path) -> Path:
 @pytest.fixture(autouse=True)
 def fresh_process_state():
     """What a server process remembers between requests starts empty in each test:
-    its cache (pool status) and whether it has seen an API key (a test's rollback
-    takes its keys away)."""
+    its cache (pool status), whether it has seen an API key (a test's rollback
+    takes its keys away) and what its estimates refresh saw of the chunks."""
     from django.core.cache import caches
 
+    from batches.estimates import PROGRESS
     from core.auth import forget_keys_seen
 
     caches["default"].clear()
     forget_keys_seen()
+    PROGRESS.forget()  # the estimates refresh's memory of the running chunks
     yield
     forget_keys_seen()
 

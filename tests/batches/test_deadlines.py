@@ -261,6 +261,43 @@ def test_the_chunk_play(case, workers, queued, pending, window, expected):
     assert finish == pytest.approx(expected), case
 
 
+@pytest.mark.parametrize(("case", "held", "costs", "expected"), [
+    ("one slot serves the chunks one after another",
+     Held(3, (("a", 40.0), ("b", 4.0)), slots=1), {"a": 4.0, "b": 1.0}, {"a": 40, "b": 44}),
+    # 14 requests in 64 slots share the engine: b's four (1 unit each) end when each
+    # of the 14 did 1 unit (14 s); a's ten then do their last 3 each (44 s).
+    ("a cheap chunk beside a dear one ends first",
+     Held(3, (("a", 40.0), ("b", 4.0)), slots=64), {"a": 4.0, "b": 1.0}, {"a": 44, "b": 14}),
+    # Six requests in 64 slots: the engine's whole rate is theirs (6 s, not 64).
+    ("fewer requests than slots share only among themselves",
+     Held(3, (("a", 6.0),), slots=64), {"a": 1.0}, {"a": 6}),
+    # Twelve slots always full of requests of one cost: each chunk of 50 ends when
+    # the stream reaches its end, as one after another.
+    ("full slots of one cost close the chunks in turn",
+     Held(3, (("a", 50.0), ("b", 50.0), ("c", 50.0)), slots=12), {"a": 1.0, "b": 1.0, "c": 1.0},
+     {"a": 50, "b": 100, "c": 150}),
+    # Twelve slots kept full: a's last request enters when 38 are done (38 s) and
+    # ends 12 units later (50 s); b's last one (0.5) enters when 40 are done (40 s),
+    # beside ten of a's and its other one, each counted up to its 0.5: 6 units later.
+    ("a cheap chunk in full slots ends before the dear one it came behind",
+     Held(3, (("a", 50.0), ("b", 1.0)), slots=12), {"a": 1.0, "b": 0.5}, {"a": 50, "b": 46}),
+    # Four requests in 64 slots take 4 s from their start. Found in the engine, they
+    # are taken as half way through (2 s to go), though no further than their age.
+    ("a chunk found in the engine is half way through",
+     Held(3, (("a", 4.0),), slots=64, ages=(10.0,)), {"a": 1.0}, {"a": 2}),
+    ("a chunk found in the engine is no further on than its age",
+     Held(3, (("a", 4.0),), slots=64, ages=(0.5,)), {"a": 1.0}, {"a": 3.5}),
+    ("a chunk waiting for slots has not started",
+     Held(3, (("a", 4.0), ("b", 4.0)), slots=4, ages=(0.0, 10.0)), {"a": 1.0, "b": 1.0},
+     {"a": 4, "b": 8}),
+])
+def test_a_worker_runs_its_chunks_requests_side_by_side_in_its_slots(case, held, costs, expected):
+    loads = [Load(batch, sum(work for name, work in held.chunks if name == batch), cost=cost)
+             for batch, cost in costs.items()]
+    finish = chunk_finish_times(loads, Dispatch(workers=(held,)), 1.0)
+    assert finish == pytest.approx(expected), case
+
+
 def test_the_chunk_play_follows_the_shares_it_is_given():
     # Two batches with 4 chunks of one request each, one worker, a window of one:
     # equal shares alternate them; "b" with three times the share goes three to one.

@@ -45,7 +45,7 @@ def running_on(worker: str, batch: Batch, index: int, claimed) -> None:
 def live_workers(count: int, model: str) -> None:
     for n in range(Worker.objects.count(), count):
         Worker.objects.create(name=f"w{n}", hostname="h", pid=n, engine="simulated",
-                              model=model, slots_capacity=8, ready=True,
+                              model=model, slots_capacity=2, ready=True,
                               heartbeat_at=timezone.now())
 
 
@@ -437,12 +437,62 @@ def test_chunks_held_by_a_busy_worker_wait_for_it_while_another_is_idle(running_
     first, held = running_batch(2, chunk_size=2), running_batch(4, chunk_size=2)
     now = timezone.now()
     measured_at(now, model, rate=2)  # 1 request a second a worker
-    running_on("w0", first, 0, now - timedelta(seconds=2))
-    running_on("w0", held, 1, now - timedelta(seconds=1))
+    # Claimed in this order just now (a chunk in the engine for a while would be
+    # taken as half done: test_deadlines' side-by-side cases).
+    running_on("w0", first, 0, now - timedelta(milliseconds=2))
+    running_on("w0", held, 1, now - timedelta(milliseconds=1))
     running_on("w0", held, 0, now)
 
     estimates.estimates_refresh(now)
 
     # w0 serves 2 + 2 + 2 requests; w1, idle, would have halved it.
-    assert eta_of(first, now) == pytest.approx(2)
-    assert eta_of(held, now) == pytest.approx(6)
+    assert eta_of(first, now) == pytest.approx(2, abs=0.01)
+    assert eta_of(held, now) == pytest.approx(6, abs=0.01)
+
+
+def test_progress_counts_the_requests_in_flight_and_not_a_warm_up():
+    """Progress.rate: the cost units the chunks did between refreshes over the time,
+    a chunk claimed and finished between two refreshes included, the first silence
+    (an engine warming up) left out, and nothing until PROGRESS_MIN seconds are in."""
+    start = timezone.now()
+    progress = estimates.Progress()
+
+    def at(seconds: float, rows) -> None:
+        progress.observe(start + timedelta(seconds=seconds), rows)
+
+    at(0, [(1, "m", "w0", True, 0, 2.0)])
+    at(5, [(1, "m", "w0", True, 0, 2.0)])  # warming up: not the rate
+    at(10, [(1, "m", "w0", True, 5, 2.0)])  # 5 requests of 2 units in 5 s
+    assert progress.rate("m") is None  # 5 s in, PROGRESS_MIN is 10
+    # Chunk 1 did 5 more and closed; chunk 2 ran and closed in between on another
+    # worker; chunk 3 runs on a third: 20 units in 5 s of 3 workers.
+    at(15, [(1, "m", "w0", False, 10, 2.0), (2, "m", "w1", False, 4, 1.0),
+            (3, "m", "w2", True, 6, 1.0)])
+    assert progress.rate("m") == pytest.approx((10 + 20) / (5 + 5 * 3))
+    at(20, [(3, "m", "w2", True, 6, 1.0)])  # a stall counts: 30 units, 25 worker-seconds
+    assert progress.rate("m") == pytest.approx(30 / 25)
+    assert progress.rate("other") is None
+    late = 20 + estimates.PROGRESS_SECONDS + 6
+    at(late, [(3, "m", "w2", True, 40, 1.0)])  # the older intervals are forgotten
+    assert progress.rate("m") == pytest.approx(34 / (late - 20))
+
+
+def test_the_rate_of_a_worker_running_chunks_side_by_side_counts_what_is_in_flight(
+        running_batch):
+    """A worker with many slots runs several chunks at once: between two refreshes
+    its running chunks did 20 requests in 10 s, which is one worker's rate (a second
+    live worker held nothing), though the one chunk that closed took 20 s for its 20."""
+    model = served_model().id
+    live_workers(2, model)
+    batch = running_batch(60, chunk_size=20)
+    now = timezone.now()
+    finish(batch, range(1), workers=["w0"], started=now - timedelta(seconds=30), seconds=20)
+    for index in (1, 2):
+        running_on("w0", batch, index, now - timedelta(seconds=10))
+    estimates.estimates_refresh(now - timedelta(seconds=10))
+    Chunk.objects.filter(batch=batch, index__in=(1, 2)).update(completed=10)
+    Batch.objects.filter(id=batch.id).update(completed=40)
+
+    estimates.estimates_refresh(now)
+
+    assert ModelThroughput.objects.get(model=model).rate == pytest.approx(2.0 * 2)
