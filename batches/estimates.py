@@ -122,14 +122,15 @@ class Progress:
     def forget(self) -> None:
         self.at, self.done, self.spans = None, {}, defaultdict(deque)
 
-    def rate(self, model: str) -> float | None:
+    def rate(self, model: str, least: float = PROGRESS_MIN) -> float | None:
         """One worker's cost units a second: the model's over its recent intervals
-        with work, over the workers that held its chunks in them."""
+        with work, over the workers that held its chunks in them; None before
+        `least` seconds of them."""
         spans = self.spans.get(model) or ()
         seconds = sum(end - start for start, end, *_ in spans)
         work = sum(span[2] for span in spans)
         worker_seconds = sum((end - start) * workers for start, end, _, workers in spans)
-        return work / worker_seconds if seconds >= PROGRESS_MIN and work > 0 else None
+        return work / worker_seconds if seconds >= least and work > 0 else None
 
 
 PROGRESS = Progress()
@@ -153,11 +154,13 @@ def progress_observe(now: datetime, models: Iterable[str]) -> None:
 
 
 def model_throughput_measure(*, model: str, live_workers: int, now: datetime,
-                             progress: float | None = None) -> ModelThroughput | None:
+                             progress: float | None = None,
+                             early: float | None = None) -> ModelThroughput | None:
     """Measure `model`'s rate and store it: one worker's `progress` (cost units a
     second, Progress.rate) when there is one, else from its last finished chunks;
-    the last stored one (scaled to the live workers) when none finished yet; None
-    if never."""
+    before any closed, the `early` progress (under PROGRESS_MIN seconds of it, but
+    after the engine's warm-up), else the running chunks' work so far; the last
+    stored one (scaled to the live workers) when none finished yet; None if never."""
     rows = list(Chunk.objects.filter(model__in=_model_filter(model), status=ChunkStatus.DONE,
                                      claimed_at__isnull=False, finished_at__isnull=False)
                 .order_by("-finished_at")
@@ -182,7 +185,9 @@ def model_throughput_measure(*, model: str, live_workers: int, now: datetime,
     one = progress or None
     if one is None and finished:
         one = eta.service_rate(work)
-    if one is None:  # nothing closed yet: the work in flight over the time it took
+    if one is None and early:  # nothing closed yet: what its first answers say
+        one = early
+    if one is None:  # nor any progress seen: the work in flight over the time it took
         whole = eta.measured_rate([row[1:] for row in work])
         one = whole / (len({row[0] for row in work}) or 1) if whole else None
     if one is None:
@@ -206,12 +211,12 @@ def answer_history(model: str) -> list[tuple[float, float, int]]:
 @dataclass
 class OpenChunks:
     """A model's open chunks of running batches, as the chunk play needs them:
-    requests left per batch, the running ones (worker, batch, requests left, seconds
-    since their claim) in the order they were claimed, the queued ones in the order
-    they were published, and the pending ones per batch (chunks, requests)."""
+    requests left per batch, the running ones (worker, batch, requests left) in the
+    order they were claimed, the queued ones in the order they were published, and
+    the pending ones per batch (chunks, requests)."""
 
     left: dict[str, int] = field(default_factory=dict)
-    running: list[tuple[str, str, int, float]] = field(default_factory=list)
+    running: list[tuple[str, str, int]] = field(default_factory=list)
     queued: list[tuple[str, int]] = field(default_factory=list)
     pending: dict[str, tuple[int, int]] = field(default_factory=dict)
 
@@ -225,44 +230,37 @@ class OpenChunks:
         the window (it is taken again)."""
         cost = {load.batch_id: load.cost for load in loads}
         held: dict[str, list[tuple[str, float]]] = {worker: [] for worker in slots}
-        ages: dict[str, list[float]] = {worker: [] for worker in slots}
         orphans = []
-        for worker, batch_id, left, claimed in self.running:
+        for worker, batch_id, left in self.running:
             work = (batch_id, left * cost.get(batch_id, 1.0))
-            if worker in held:
-                held[worker].append(work)
-                ages[worker].append(claimed)
-            else:
-                orphans.append(work)
+            (held[worker] if worker in held else orphans).append(work)
         if not slots:  # no live worker holds the model: one will, after a swap
-            slots, held, ages = {"": settings.BATCHGEN_MAX_POOL_SIZE}, {"": []}, {"": []}
+            slots, held = {"": settings.BATCHGEN_MAX_POOL_SIZE}, {"": []}
         threads = {worker: fleet_selectors.chunk_threads(count) for worker, count in slots.items()}
         return eta.Dispatch(
-            workers=tuple(eta.Held(threads[worker], tuple(held[worker]), slots[worker],
-                                   tuple(ages[worker])) for worker in slots),
+            workers=tuple(eta.Held(threads[worker], tuple(held[worker]), slots[worker])
+                          for worker in slots),
             queued=tuple(orphans + [(batch_id, left * cost.get(batch_id, 1.0))
                                     for batch_id, left in self.queued]),
             window=max(MIN_WINDOW, fleet_selectors.window_for(threads.values())),
             pending=self.pending, passes=passes)
 
 
-def open_chunks(now: datetime | None = None) -> dict[str, OpenChunks]:
-    """Each served model's OpenChunks at `now`, in two queries: the running and
-    queued chunks one by one (a few per worker), the pending ones summed per batch."""
+def open_chunks() -> dict[str, OpenChunks]:
+    """Each served model's OpenChunks, in two queries: the running and queued chunks
+    one by one (a few per worker), the pending ones summed per batch."""
     found: dict[str, OpenChunks] = defaultdict(OpenChunks)
     flying = (Chunk.objects.filter(status__in=(ChunkStatus.RUNNING, ChunkStatus.QUEUED),
                                    batch__status=BatchStatus.IN_PROGRESS)
               .annotate(left=Greatest(F("count") - F("completed") - F("failed"), 0))
               .order_by(F("claimed_at").asc(nulls_last=True),
                         F("published_at").asc(nulls_last=True), "id")
-              .values_list("model", "batch_id", "status", "worker", "left", "claimed_at"))
-    now = now or timezone.now()
-    for model, batch_id, status, worker, left, claimed in flying:
+              .values_list("model", "batch_id", "status", "worker", "left"))
+    for model, batch_id, status, worker, left in flying:
         chunks = found[chunk_model(model)]
         chunks.add(batch_id, left)
         if status == ChunkStatus.RUNNING:
-            chunks.running.append((worker, batch_id, left,
-                                   max((now - claimed).total_seconds(), 0.0) if claimed else 0.0))
+            chunks.running.append((worker, batch_id, left))
         else:
             chunks.queued.append((batch_id, left))
     for row in (Chunk.objects.filter(status=ChunkStatus.PENDING,
@@ -304,9 +302,10 @@ def estimates_refresh(now: datetime | None = None) -> int:
     progress_observe(now, slots)
     finish: dict[str, float | None] = {}
     risky: set[str] = set()
-    for model, chunks in open_chunks(now).items():
+    for model, chunks in open_chunks().items():
         measured = model_throughput_measure(model=model, live_workers=len(slots.get(model, {})),
-                                            now=now, progress=PROGRESS.rate(model))
+                                            now=now, progress=PROGRESS.rate(model),
+                                            early=PROGRESS.rate(model, least=0.0))
         loads = [load_of(batches[batch_id], requests, measured, now,
                          histories[batches[batch_id][11]])
                  for batch_id, requests in chunks.left.items() if batch_id in batches]
@@ -379,7 +378,7 @@ def admission_eta(*, model: str, requests: int, window_seconds: float, priority:
     measured = ModelThroughput.objects.filter(model=model).first()
     if measured is None or measured.rate <= 0:
         return None
-    chunks = open_chunks(now).get(model, OpenChunks())
+    chunks = open_chunks().get(model, OpenChunks())
     rows = {row[0]: row for row in Batch.objects.filter(id__in=list(chunks.left))
             .values_list(*COLUMNS)}
     history = answer_history(model)

@@ -253,7 +253,6 @@ class Held:
     threads: int
     chunks: tuple[tuple[str, float], ...] = ()
     slots: int = 1
-    ages: tuple[float, ...] = ()  # seconds since it claimed each chunk (none: just now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,23 +336,20 @@ class _Stream:
             i += 1
         return total
 
-    def close(self, end: float, requests: float, cost: float, now: float,
-              age: float = 0.0) -> float:
+    def close(self, end: float, requests: float, cost: float, now: float) -> float:
         """When the chunk of `requests` of `cost` each that ends at position `end`,
-        added at `now`, closes: when its last request ends. A chunk the worker
-        claimed `age` seconds before the play whose last request is in the engine
-        already is taken to be half way through it (a request found there may have
-        just started or be nearly done), though no further than its age."""
+        added at `now`, closes: when its last request ends. Requests found in the
+        engine at the start are counted whole: a chunk's last requests are its
+        longest, not half done (measured on the real engine, where taking them as
+        half through read the tails of chunks early)."""
         if requests <= 0:
             return now
         done = self.done_at(now)
-        inside = end - self.slots <= done
-        admitted = now if inside else self.reached(end - self.slots)
+        admitted = now if end - self.slots <= done else self.reached(end - self.slots)
         limit = (self.slots - 1) * cost
         shared = self.beside(max(end - self.slots, done), end - 1, cost, limit)
         shared += self.beside(end, self.position, cost, limit - shared)
-        latency = (cost + min(shared, limit)) / self.rate
-        return max(admitted, now) + latency - (min(age, latency / 2) if inside else 0.0)
+        return max(admitted, now) + (cost + min(shared, limit)) / self.rate
 
 
 class _ChunkPlay:
@@ -378,29 +374,28 @@ class _ChunkPlay:
         self.members: frozenset[str] = frozenset()
         # (when it closes, order taken, worker, batch, cost units): the chunks held
         self.closes: list[tuple[float, int, int, str, float]] = []
-        self.taken: list[tuple[int, str, float, float, float]] = []  # this instant's, unsettled
+        self.taken: list[tuple[int, str, float, float]] = []  # this instant's, unsettled
         self.order = 0
         self.now = 0.0
         for worker, held in enumerate(state.workers):
-            for i, (batch, work) in enumerate(held.chunks):
-                self.hold(worker, batch, work, held.ages[i] if i < len(held.ages) else 0.0)
+            for batch, work in held.chunks:
+                self.hold(worker, batch, work)
 
     def cost(self, batch: str) -> float:
         return self.loads[batch].cost if batch in self.loads else 1.0
 
-    def hold(self, worker: int, batch: str, work: float, age: float = 0.0) -> None:
-        """`worker` holds a chunk, claimed `age` seconds ago: its requests join the
-        worker's stream."""
+    def hold(self, worker: int, batch: str, work: float) -> None:
+        """`worker` holds a chunk from now: its requests join the worker's stream."""
         end = self.streams[worker].add(work / self.cost(batch), self.cost(batch), self.now)
         self.holding[worker] += 1
-        self.taken.append((worker, batch, work, end, age))
+        self.taken.append((worker, batch, work, end))
 
     def settle(self) -> None:
         """When the chunks taken at this instant close, worked out once all of them
         are in (they share their worker's engine)."""
-        for worker, batch, work, end, age in self.taken:
+        for worker, batch, work, end in self.taken:
             cost = self.cost(batch)
-            when = self.streams[worker].close(end, work / cost, cost, self.now, age)
+            when = self.streams[worker].close(end, work / cost, cost, self.now)
             self.order += 1
             heapq.heappush(self.closes, (when, self.order, worker, batch, work))
         self.taken.clear()

@@ -281,15 +281,8 @@ def test_the_chunk_play(case, workers, queued, pending, window, expected):
     # beside ten of a's and its other one, each counted up to its 0.5: 6 units later.
     ("a cheap chunk in full slots ends before the dear one it came behind",
      Held(3, (("a", 50.0), ("b", 1.0)), slots=12), {"a": 1.0, "b": 0.5}, {"a": 50, "b": 46}),
-    # Four requests in 64 slots take 4 s from their start. Found in the engine, they
-    # are taken as half way through (2 s to go), though no further than their age.
-    ("a chunk found in the engine is half way through",
-     Held(3, (("a", 4.0),), slots=64, ages=(10.0,)), {"a": 1.0}, {"a": 2}),
-    ("a chunk found in the engine is no further on than its age",
-     Held(3, (("a", 4.0),), slots=64, ages=(0.5,)), {"a": 1.0}, {"a": 3.5}),
     ("a chunk waiting for slots has not started",
-     Held(3, (("a", 4.0), ("b", 4.0)), slots=4, ages=(0.0, 10.0)), {"a": 1.0, "b": 1.0},
-     {"a": 4, "b": 8}),
+     Held(3, (("a", 4.0), ("b", 4.0)), slots=4), {"a": 1.0, "b": 1.0}, {"a": 4, "b": 8}),
 ])
 def test_a_worker_runs_its_chunks_requests_side_by_side_in_its_slots(case, held, costs, expected):
     loads = [Load(batch, sum(work for name, work in held.chunks if name == batch), cost=cost)

@@ -437,17 +437,15 @@ def test_chunks_held_by_a_busy_worker_wait_for_it_while_another_is_idle(running_
     first, held = running_batch(2, chunk_size=2), running_batch(4, chunk_size=2)
     now = timezone.now()
     measured_at(now, model, rate=2)  # 1 request a second a worker
-    # Claimed in this order just now (a chunk in the engine for a while would be
-    # taken as half done: test_deadlines' side-by-side cases).
-    running_on("w0", first, 0, now - timedelta(milliseconds=2))
-    running_on("w0", held, 1, now - timedelta(milliseconds=1))
+    running_on("w0", first, 0, now - timedelta(seconds=2))
+    running_on("w0", held, 1, now - timedelta(seconds=1))
     running_on("w0", held, 0, now)
 
     estimates.estimates_refresh(now)
 
     # w0 serves 2 + 2 + 2 requests; w1, idle, would have halved it.
-    assert eta_of(first, now) == pytest.approx(2, abs=0.01)
-    assert eta_of(held, now) == pytest.approx(6, abs=0.01)
+    assert eta_of(first, now) == pytest.approx(2)
+    assert eta_of(held, now) == pytest.approx(6)
 
 
 def test_progress_counts_the_requests_in_flight_and_not_a_warm_up():
@@ -496,3 +494,21 @@ def test_the_rate_of_a_worker_running_chunks_side_by_side_counts_what_is_in_flig
     estimates.estimates_refresh(now)
 
     assert ModelThroughput.objects.get(model=model).rate == pytest.approx(2.0 * 2)
+
+
+def test_before_any_chunk_closed_the_rate_leaves_the_engine_s_warm_up_out(running_batch):
+    """A fresh engine answers nothing for a while: the chunk claimed 30 s ago did its
+    10 requests in the last 5 s, so the rate is 2 a second, not 10 in 30 s."""
+    model = served_model().id
+    live_workers(1, model)
+    batch = running_batch(40, chunk_size=20)
+    now = timezone.now()
+    running_on("w0", batch, 0, now - timedelta(seconds=30))
+    for seconds in (10, 5):  # warming up
+        estimates.estimates_refresh(now - timedelta(seconds=seconds))
+    Chunk.objects.filter(batch=batch, index=0).update(completed=10)
+    Batch.objects.filter(id=batch.id).update(completed=10)
+
+    estimates.estimates_refresh(now)
+
+    assert ModelThroughput.objects.get(model=model).rate == pytest.approx(2.0)
