@@ -13,16 +13,17 @@ deadline policy dispatch applies (batches/deadlines.py). Its inputs, measured he
 - one worker's rate, in cost units (a request plus its output tokens) a second:
   what the model's chunks did between refreshes (Progress: the requests done by the
   chunks running now, at the last refresh or closed since) over the last
-  PROGRESS_SECONDS it had work, over its live workers; it counts the requests in
-  flight. Until PROGRESS_MIN seconds are in (a control worker that just started),
-  from the finished chunks: their work over their service times (eta.service_rate:
-  a chunk's service starts at the later of its claim and the close before it on
-  the same worker), over the model's last LAST_CHUNKS finished chunks
-  (CHUNKS_PER_WORKER a live worker, if more); before any closed, the running chunks'
-  work so far over their busy time. Stored as the model's rate (times its live
-  workers) for the deadline policy. A model that no worker holds now
-  (multiplexing) is planned on one worker after a swap (the recent swaps' time,
-  fleet.selectors.swap_seconds_estimate).
+  PROGRESS_SECONDS it had work, over the workers that held its chunks; it counts
+  the requests in flight. Until PROGRESS_MIN seconds are in (a control worker that
+  just started), from the finished chunks: their work over their service times
+  (eta.service_rate: a chunk's service starts at the later of its claim and the
+  close before it on the same worker), over the model's last LAST_CHUNKS finished
+  chunks (CHUNKS_PER_WORKER a live worker, if more); before any closed, the higher
+  of the progress seen after the engine's warm-up and the running chunks' work so
+  far over their busy time (both read low while the first answers come back). Stored as
+  the model's rate (times its live workers) for the deadline policy. A model that
+  no worker holds now (multiplexing) is planned on one worker after a swap (the
+  recent swaps' time, fleet.selectors.swap_seconds_estimate).
 - where each open chunk is: each live worker's running chunks in the order it
   claimed them, its chunk threads and its slots, the broker's window in the order
   it was published, and each batch's pending chunks and stride pass.
@@ -158,9 +159,10 @@ def model_throughput_measure(*, model: str, live_workers: int, now: datetime,
                              early: float | None = None) -> ModelThroughput | None:
     """Measure `model`'s rate and store it: one worker's `progress` (cost units a
     second, Progress.rate) when there is one, else from its last finished chunks;
-    before any closed, the `early` progress (under PROGRESS_MIN seconds of it, but
-    after the engine's warm-up), else the running chunks' work so far; the last
-    stored one (scaled to the live workers) when none finished yet; None if never."""
+    before any closed, the higher of the `early` progress (under PROGRESS_MIN
+    seconds of it, after the engine's warm-up) and the running chunks' work so far
+    over their time; the last stored one (scaled to the live workers) when none
+    finished yet; None if never."""
     rows = list(Chunk.objects.filter(model__in=_model_filter(model), status=ChunkStatus.DONE,
                                      claimed_at__isnull=False, finished_at__isnull=False)
                 .order_by("-finished_at")
@@ -185,11 +187,11 @@ def model_throughput_measure(*, model: str, live_workers: int, now: datetime,
     one = progress or None
     if one is None and finished:
         one = eta.service_rate(work)
-    if one is None and early:  # nothing closed yet: what its first answers say
-        one = early
-    if one is None:  # nor any progress seen: the work in flight over the time it took
+    if one is None:  # nothing closed yet: both read low (the first answers take a
+        # request's time to come back, and the work so far counts a warm-up): the higher
         whole = eta.measured_rate([row[1:] for row in work])
-        one = whole / (len({row[0] for row in work}) or 1) if whole else None
+        one = max(early or 0.0, whole / (len({row[0] for row in work}) or 1) if whole else 0.0)
+        one = one or None
     if one is None:
         return stored
     measured, _ = ModelThroughput.objects.update_or_create(model=model, defaults={

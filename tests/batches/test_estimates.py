@@ -512,3 +512,20 @@ def test_before_any_chunk_closed_the_rate_leaves_the_engine_s_warm_up_out(runnin
     estimates.estimates_refresh(now)
 
     assert ModelThroughput.objects.get(model=model).rate == pytest.approx(2.0)
+
+
+def test_before_any_chunk_closed_a_late_start_of_progress_does_not_lower_the_rate(
+        running_batch):
+    """A control worker that started late saw 1 request in its 2 s; the chunk did 11
+    in the 10 s since its claim: the higher, 1.1 a second, is the rate."""
+    model = served_model().id
+    live_workers(1, model)
+    batch = running_batch(40, chunk_size=20)
+    now = timezone.now()
+    running_on("w0", batch, 0, now - timedelta(seconds=10))
+    for seconds, done in ((2, 10), (1, 11), (0, 11)):
+        Chunk.objects.filter(batch=batch, index=0).update(completed=done)
+        Batch.objects.filter(id=batch.id).update(completed=done)
+        estimates.estimates_refresh(now - timedelta(seconds=seconds))
+
+    assert ModelThroughput.objects.get(model=model).rate == pytest.approx(1.1)
