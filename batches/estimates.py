@@ -20,10 +20,10 @@ deadline policy dispatch applies (batches/deadlines.py). Its inputs, measured he
   close before it on the same worker), over the model's last LAST_CHUNKS finished
   chunks (CHUNKS_PER_WORKER a live worker, if more); before any closed, the higher
   of the progress seen after the engine's warm-up and the running chunks' work so
-  far over their busy time (both read low while the first answers come back). Stored as
-  the model's rate (times its live workers) for the deadline policy. A model that
-  no worker holds now (multiplexing) is planned on one worker after a swap (the
-  recent swaps' time, fleet.selectors.swap_seconds_estimate).
+  far over their busy time (both read low while the first answers come back).
+  Stored as the model's rate (times its live workers) for the deadline policy. A
+  model that no worker holds now (multiplexing) is planned on one worker after a
+  swap (the recent swaps' time, fleet.selectors.swap_seconds_estimate).
 - where each open chunk is: each live worker's running chunks in the order it
   claimed them, its chunk threads and its slots, the broker's window in the order
   it was published, and each batch's pending chunks and stride pass.
