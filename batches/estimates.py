@@ -44,6 +44,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db.models import Count, F, Q, Sum
@@ -85,39 +86,39 @@ PROGRESS_MIN = 10.0
 @dataclass
 class Progress:
     """What the refreshing process remembers of the running chunks from one refresh
-    to the next: the requests each had done (and its worker), and per model the
-    intervals it had work in, as (start, end, cost units done, workers that held its
-    chunks). In memory: the control worker refreshes, and one that starts afresh
-    measures from the finished chunks until it has PROGRESS_MIN seconds of its own."""
+    to the next: the requests each had done, and per model the intervals it had
+    work in, as (start, end, cost units done, worker-seconds: how long each worker
+    held one of its chunks in it). In memory: the control worker refreshes, and one
+    that starts afresh measures from the finished chunks until it has PROGRESS_MIN
+    seconds of its own."""
 
     at: datetime | None = None
-    done: dict[int, tuple[str, str, int]] = field(default_factory=dict)  # (model, worker, done)
-    spans: dict[str, deque[tuple[float, float, float, int]]] = field(
+    done: dict[int, int] = field(default_factory=dict)  # running chunk: requests done
+    spans: dict[str, deque[tuple[float, float, float, float]]] = field(
         default_factory=lambda: defaultdict(deque))
 
-    def observe(self, now: datetime, rows: list[tuple[int, str, str, bool, int, float]]) -> None:
-        """Take in `rows`, (chunk, model, worker, running, requests done, cost a
-        request) of the chunks running now, at the last refresh, or finished since.
-        A model's first intervals without progress (an engine warming up) are not
-        its rate."""
+    def observe(self, now: datetime, rows: list[ChunkSeen]) -> None:
+        """Take in the chunks running now, at the last refresh, or finished since. A
+        model's first intervals without progress (an engine warming up) are not its
+        rate."""
         work: dict[str, float] = defaultdict(float)
-        held: dict[str, set[str]] = defaultdict(set)
-        for model, worker, _ in self.done.values():
-            held[model].add(worker)
-        for chunk_id, model, worker, _, done, cost in rows:
-            before = self.done.get(chunk_id, (model, worker, 0))[2]
-            work[model] += max(done - before, 0) * cost
-            if done > before:
-                held[model].add(worker)
-        if self.at is not None and now > self.at:
+        held: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(
+            lambda: defaultdict(list))
+        start, end = (self.at or now).timestamp(), now.timestamp()
+        for row in rows:
+            work[row.model] += max(row.done - self.done.get(row.chunk, 0), 0) * row.cost
+            stop = row.finished if row.finished is not None else end if row.running else start
+            if row.claimed is not None and min(stop, end) > max(row.claimed, start):
+                held[row.model][row.worker].append((max(row.claimed, start), min(stop, end)))
+        if self.at is not None and end > start:
             for model, workers in held.items():
                 spans = self.spans[model]
                 if spans or work[model] > 0:
-                    spans.append((self.at.timestamp(), now.timestamp(), work[model], len(workers)))
-                while spans and spans[0][1] < now.timestamp() - PROGRESS_SECONDS:
+                    spans.append((start, end, work[model], sum(
+                        eta.busy_seconds(intervals) for intervals in workers.values())))
+                while spans and spans[0][1] < end - PROGRESS_SECONDS:
                     spans.popleft()
-        self.done = {chunk_id: (model, worker, done)
-                     for chunk_id, model, worker, running, done, _ in rows if running}
+        self.done = {row.chunk: row.done for row in rows if row.running}
         self.at = now
 
     def forget(self) -> None:
@@ -125,13 +126,26 @@ class Progress:
 
     def rate(self, model: str, least: float = PROGRESS_MIN) -> float | None:
         """One worker's cost units a second: the model's over its recent intervals
-        with work, over the workers that held its chunks in them; None before
+        with work, over the time each worker held its chunks in them; None before
         `least` seconds of them."""
         spans = self.spans.get(model) or ()
         seconds = sum(end - start for start, end, *_ in spans)
         work = sum(span[2] for span in spans)
-        worker_seconds = sum((end - start) * workers for start, end, _, workers in spans)
-        return work / worker_seconds if seconds >= least and work > 0 else None
+        busy = sum(span[3] for span in spans)
+        return work / busy if seconds >= least and work > 0 and busy > 0 else None
+
+
+class ChunkSeen(NamedTuple):
+    """A chunk as a refresh sees it (Progress.observe): times in Unix seconds."""
+
+    chunk: int
+    model: str
+    worker: str
+    running: bool
+    done: int  # requests done or failed
+    cost: float  # cost units a request, its batch's mean so far
+    claimed: float | None
+    finished: float | None
 
 
 PROGRESS = Progress()
@@ -146,12 +160,13 @@ def progress_observe(now: datetime, models: Iterable[str]) -> None:
                   status=ChunkStatus.DONE, finished_at__gt=PROGRESS.at)
     rows = Chunk.objects.filter(seen).values_list(
         "id", "model", "worker", "status", "completed", "failed", "batch__completed",
-        "batch__failed", "batch__usage_output_tokens")
+        "batch__failed", "batch__usage_output_tokens", "claimed_at", "finished_at")
     PROGRESS.observe(now, [
-        (chunk_id, chunk_model(model), worker, status == ChunkStatus.RUNNING, done + failed,
-         eta.request_cost(batch_done + batch_failed, tokens))
-        for chunk_id, model, worker, status, done, failed, batch_done, batch_failed, tokens
-        in rows])
+        ChunkSeen(chunk_id, chunk_model(model), worker, status == ChunkStatus.RUNNING,
+                  done + failed, eta.request_cost(batch_done + batch_failed, tokens),
+                  claimed and claimed.timestamp(), finished and finished.timestamp())
+        for chunk_id, model, worker, status, done, failed, batch_done, batch_failed, tokens,
+        claimed, finished in rows])
 
 
 def model_throughput_measure(*, model: str, live_workers: int, now: datetime,

@@ -449,29 +449,33 @@ def test_chunks_held_by_a_busy_worker_wait_for_it_while_another_is_idle(running_
 
 
 def test_progress_counts_the_requests_in_flight_and_not_a_warm_up():
-    """Progress.rate: the cost units the chunks did between refreshes over the time,
-    a chunk claimed and finished between two refreshes included, the first silence
-    (an engine warming up) left out, and nothing until PROGRESS_MIN seconds are in."""
+    """Progress.rate: the cost units the chunks did between refreshes over the time
+    each worker held one, a chunk claimed and finished between two refreshes
+    included, the first silence (an engine warming up) left out, and nothing until
+    PROGRESS_MIN seconds are in."""
     start = timezone.now()
     progress = estimates.Progress()
+    t0 = start.timestamp()
 
-    def at(seconds: float, rows) -> None:
-        progress.observe(start + timedelta(seconds=seconds), rows)
+    def at(seconds: float, *rows) -> None:
+        progress.observe(start + timedelta(seconds=seconds),
+                         [estimates.ChunkSeen(*row) for row in rows])
 
-    at(0, [(1, "m", "w0", True, 0, 2.0)])
-    at(5, [(1, "m", "w0", True, 0, 2.0)])  # warming up: not the rate
-    at(10, [(1, "m", "w0", True, 5, 2.0)])  # 5 requests of 2 units in 5 s
+    at(0, (1, "m", "w0", True, 0, 2.0, t0, None))
+    at(5, (1, "m", "w0", True, 0, 2.0, t0, None))  # warming up: not the rate
+    at(10, (1, "m", "w0", True, 5, 2.0, t0, None))  # 5 requests of 2 units in 5 s
     assert progress.rate("m") is None  # 5 s in, PROGRESS_MIN is 10
-    # Chunk 1 did 5 more and closed; chunk 2 ran and closed in between on another
-    # worker; chunk 3 runs on a third: 20 units in 5 s of 3 workers.
-    at(15, [(1, "m", "w0", False, 10, 2.0), (2, "m", "w1", False, 4, 1.0),
-            (3, "m", "w2", True, 6, 1.0)])
-    assert progress.rate("m") == pytest.approx((10 + 20) / (5 + 5 * 3))
-    at(20, [(3, "m", "w2", True, 6, 1.0)])  # a stall counts: 30 units, 25 worker-seconds
-    assert progress.rate("m") == pytest.approx(30 / 25)
+    # Chunk 1 did 5 more and closed at 12; chunk 2 ran from 11 to 13 on w1; chunk 3
+    # runs on w2 since 14: 20 units in 2 + 2 + 1 worker-seconds.
+    at(15, (1, "m", "w0", False, 10, 2.0, t0, t0 + 12), (2, "m", "w1", False, 4, 1.0, t0 + 11,
+                                                         t0 + 13),
+       (3, "m", "w2", True, 6, 1.0, t0 + 14, None))
+    assert progress.rate("m") == pytest.approx((10 + 20) / (5 + 5))
+    at(20, (3, "m", "w2", True, 6, 1.0, t0 + 14, None))  # a stall counts: 5 s of w2
+    assert progress.rate("m") == pytest.approx(30 / 15)
     assert progress.rate("other") is None
     late = 20 + estimates.PROGRESS_SECONDS + 6
-    at(late, [(3, "m", "w2", True, 40, 1.0)])  # the older intervals are forgotten
+    at(late, (3, "m", "w2", True, 40, 1.0, t0 + 14, None))  # the older ones are forgotten
     assert progress.rate("m") == pytest.approx(34 / (late - 20))
 
 
