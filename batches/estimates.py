@@ -110,14 +110,15 @@ class Progress:
             stop = row.finished if row.finished is not None else end if row.running else start
             if row.claimed is not None and min(stop, end) > max(row.claimed, start):
                 held[row.model][row.worker].append((max(row.claimed, start), min(stop, end)))
+        for spans in self.spans.values():  # a model idle this long starts afresh
+            while spans and spans[0][1] < end - PROGRESS_SECONDS:
+                spans.popleft()
         if self.at is not None and end > start:
             for model, workers in held.items():
                 spans = self.spans[model]
                 if spans or work[model] > 0:
                     spans.append((start, end, work[model], sum(
                         eta.busy_seconds(intervals) for intervals in workers.values())))
-                while spans and spans[0][1] < end - PROGRESS_SECONDS:
-                    spans.popleft()
         self.done = {row.chunk: row.done for row in rows if row.running}
         self.at = now
 

@@ -477,6 +477,14 @@ def test_progress_counts_the_requests_in_flight_and_not_a_warm_up():
     late = 20 + estimates.PROGRESS_SECONDS + 6
     at(late, (3, "m", "w2", True, 40, 1.0, t0 + 14, None))  # the older ones are forgotten
     assert progress.rate("m") == pytest.approx(34 / (late - 20))
+    # Idle for longer than PROGRESS_SECONDS (swapped out, say): no stale rate, and
+    # the next warm-up is left out again.
+    idle = late + estimates.PROGRESS_SECONDS + 1
+    at(idle, (4, "m", "w0", True, 0, 1.0, t0 + idle, None))
+    assert progress.rate("m") is None
+    at(idle + 10, (4, "m", "w0", True, 0, 1.0, t0 + idle, None))  # warming up
+    at(idle + 20, (4, "m", "w0", True, 20, 1.0, t0 + idle, None))
+    assert progress.rate("m") == pytest.approx(20 / 10)
 
 
 def test_the_rate_of_a_worker_running_chunks_side_by_side_counts_what_is_in_flight(
