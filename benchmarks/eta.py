@@ -101,6 +101,15 @@ class Fleet:
                 "FROM batches_chunk c JOIN batches_batch b ON b.id = c.batch_id").fetchall()
         return [tuple(row) for row in rows]
 
+    def rates(self) -> list[tuple]:
+        """The measured rates now, as (model, cost units a second, workers, cost per
+        request): what the ETAs were played at, for --trace."""
+        import psycopg
+
+        with psycopg.connect(self.database_url) as connection:
+            return [tuple(row) for row in connection.execute(
+                "SELECT model, rate, workers, cost_per_request FROM batches_modelthroughput")]
+
     def stop(self) -> None:
         self.server.stop()
         self.vhost.delete()
@@ -278,6 +287,7 @@ def accuracy(work: Path, args, root: Path = ROOT, label: str = "this") -> dict:
         print(f"accuracy ({label}): {args.batches} batches, {args.workers} workers, uploaded",
               flush=True)
         watched: dict[str, Watched] = {}
+        rates: list[tuple] = []  # (when, Fleet.rates()), with --trace
         started = time.time()
         while len(watched) < len(plan) or not all(b.done() for b in watched.values()):
             while len(watched) < len(plan) and plan[len(watched)][0] <= time.time() - started:
@@ -285,6 +295,8 @@ def accuracy(work: Path, args, root: Path = ROOT, label: str = "this") -> dict:
                 batch = clients[key].create(file_id)
                 watched[batch["id"]] = Watched(batch["id"], key, time.time())
             poll(clients, watched)
+            if args.trace:
+                rates.append((time.time(), fleet.rates()))
             if time.time() - started > args.timeout:
                 print("accuracy: timed out", flush=True)
                 break
@@ -301,7 +313,7 @@ def accuracy(work: Path, args, root: Path = ROOT, label: str = "this") -> dict:
                                  for at, _, done, total, eta in b.samples]
                           for b in watched.values()},
              "created": {b.id: b.created for b in watched.values()},
-             "chunks": chunk_log}))
+             "chunks": chunk_log, "rates": rates}))
     rows = [[point, len(v), median(v), p(v, 0.9), goal,
              "met" if v and statistics.median(v) <= goal else "not met",
              len(settled[point]), median(settled[point])]
