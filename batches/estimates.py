@@ -12,12 +12,13 @@ deadline policy dispatch applies (batches/deadlines.py). Its inputs, measured he
 
 - one worker's rate, in cost units (a request plus its output tokens) a second:
   what the model's chunks did between refreshes (Progress: the requests done by the
-  chunks running now, at the last refresh or closed since) over the last
-  PROGRESS_SECONDS it had work, over the workers that held its chunks; it counts
-  the requests in flight. Until PROGRESS_MIN seconds are in (a control worker that
-  just started), from the finished chunks: their work over their service times
-  (eta.service_rate: a chunk's service starts at the later of its claim and the
-  close before it on the same worker), over the model's last LAST_CHUNKS finished
+  chunks running now, at the last refresh or closed since, each at what its
+  batch's requests done since cost) over the last PROGRESS_SECONDS it had work,
+  over the workers that held its chunks; it counts the requests in flight. Until
+  PROGRESS_MIN seconds are in (a control worker that just started), from the
+  finished chunks: their work over their service times (eta.service_rate: a
+  chunk's service starts at the later of its claim and the close before it on the
+  same worker), over the model's last LAST_CHUNKS finished
   chunks (CHUNKS_PER_WORKER a live worker, if more); before any closed, the higher
   of the progress seen after the engine's warm-up and the running chunks' work so
   far over their busy time (both read low while the first answers come back).
@@ -86,14 +87,17 @@ PROGRESS_MIN = 10.0
 @dataclass
 class Progress:
     """What the refreshing process remembers of the running chunks from one refresh
-    to the next: the requests each had done, and per model the intervals it had
-    work in, as (start, end, cost units done, worker-seconds: how long each worker
-    held one of its chunks in it). In memory: the control worker refreshes, and one
-    that starts afresh measures from the finished chunks until it has PROGRESS_MIN
-    seconds of its own."""
+    to the next: the requests each had done, what their batches had done, and per
+    model the intervals it had work in, as (start, end, cost units done,
+    worker-seconds: how long each worker held one of its chunks in it). In memory:
+    the control worker refreshes, and one that starts afresh measures from the
+    finished chunks until it has PROGRESS_MIN seconds of its own."""
 
     at: datetime | None = None
     done: dict[int, int] = field(default_factory=dict)  # running chunk: requests done
+    # Each batch seen: (requests done, output tokens), for what the requests done
+    # since cost (`costs`).
+    batches: dict[str, tuple[int, int]] = field(default_factory=dict)
     spans: dict[str, deque[tuple[float, float, float, float]]] = field(
         default_factory=lambda: defaultdict(deque))
 
@@ -105,8 +109,9 @@ class Progress:
         held: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(
             lambda: defaultdict(list))
         start, end = (self.at or now).timestamp(), now.timestamp()
+        cost = self.costs(rows)
         for row in rows:
-            work[row.model] += max(row.done - self.done.get(row.chunk, 0), 0) * row.cost
+            work[row.model] += max(row.done - self.done.get(row.chunk, 0), 0) * cost[row.batch]
             stop = row.finished if row.finished is not None else end if row.running else start
             if row.claimed is not None and min(stop, end) > max(row.claimed, start):
                 held[row.model][row.worker].append((max(row.claimed, start), min(stop, end)))
@@ -120,10 +125,27 @@ class Progress:
                     spans.append((start, end, work[model], sum(
                         eta.busy_seconds(intervals) for intervals in workers.values())))
         self.done = {row.chunk: row.done for row in rows if row.running}
+        self.batches = {row.batch: (row.batch_done, row.batch_tokens) for row in rows}
         self.at = now
 
+    def costs(self, rows: list[ChunkSeen]) -> dict[str, float]:
+        """What each batch's requests done since the last refresh cost a request: its
+        output tokens since then over its requests since then (eta.request_cost of
+        the differences), its mean so far if it was not seen then. Not its mean so
+        far always: side by side in the engine, a batch's short answers end first,
+        so its mean so far is low while its long ones run, and counting the requests
+        that end later at it would make the rate read low by as much (most on the
+        real engine, where 64 slots hold whole batches of 50-120 requests)."""
+        found = {}
+        for row in rows:
+            before_done, before_tokens = self.batches.get(row.batch, (0, 0))
+            found[row.batch] = eta.request_cost(
+                row.batch_done - before_done, row.batch_tokens - before_tokens,
+                eta.request_cost(row.batch_done, row.batch_tokens))
+        return found
+
     def forget(self) -> None:
-        self.at, self.done, self.spans = None, {}, defaultdict(deque)
+        self.at, self.done, self.batches, self.spans = None, {}, {}, defaultdict(deque)
 
     def rate(self, model: str, least: float = PROGRESS_MIN) -> float | None:
         """One worker's cost units a second: the model's over its recent intervals
@@ -144,7 +166,9 @@ class ChunkSeen(NamedTuple):
     worker: str
     running: bool
     done: int  # requests done or failed
-    cost: float  # cost units a request, its batch's mean so far
+    batch: str
+    batch_done: int  # its batch's requests done or failed
+    batch_tokens: int  # its batch's output tokens
     claimed: float | None
     finished: float | None
 
@@ -160,14 +184,15 @@ def progress_observe(now: datetime, models: Iterable[str]) -> None:
         seen |= Q(model__in=[name for model in models for name in _model_filter(model)],
                   status=ChunkStatus.DONE, finished_at__gt=PROGRESS.at)
     rows = Chunk.objects.filter(seen).values_list(
-        "id", "model", "worker", "status", "completed", "failed", "batch__completed",
-        "batch__failed", "batch__usage_output_tokens", "claimed_at", "finished_at")
+        "id", "model", "worker", "status", "completed", "failed", "batch_id",
+        "batch__completed", "batch__failed", "batch__usage_output_tokens", "claimed_at",
+        "finished_at")
     PROGRESS.observe(now, [
         ChunkSeen(chunk_id, chunk_model(model), worker, status == ChunkStatus.RUNNING,
-                  done + failed, eta.request_cost(batch_done + batch_failed, tokens),
+                  done + failed, batch_id, batch_done + batch_failed, tokens,
                   claimed and claimed.timestamp(), finished and finished.timestamp())
-        for chunk_id, model, worker, status, done, failed, batch_done, batch_failed, tokens,
-        claimed, finished in rows])
+        for chunk_id, model, worker, status, done, failed, batch_id, batch_done, batch_failed,
+        tokens, claimed, finished in rows])
 
 
 def model_throughput_measure(*, model: str, live_workers: int, now: datetime,

@@ -461,30 +461,54 @@ def test_progress_counts_the_requests_in_flight_and_not_a_warm_up():
         progress.observe(start + timedelta(seconds=seconds),
                          [estimates.ChunkSeen(*row) for row in rows])
 
-    at(0, (1, "m", "w0", True, 0, 2.0, t0, None))
-    at(5, (1, "m", "w0", True, 0, 2.0, t0, None))  # warming up: not the rate
-    at(10, (1, "m", "w0", True, 5, 2.0, t0, None))  # 5 requests of 2 units in 5 s
+    at(0, (1, "m", "w0", True, 0, "a", 0, 0, t0, None))
+    at(5, (1, "m", "w0", True, 0, "a", 0, 0, t0, None))  # warming up: not the rate
+    at(10, (1, "m", "w0", True, 5, "a", 5, 5, t0, None))  # 5 requests of 2 units in 5 s
     assert progress.rate("m") is None  # 5 s in, PROGRESS_MIN is 10
     # Chunk 1 did 5 more and closed at 12; chunk 2 ran from 11 to 13 on w1; chunk 3
     # runs on w2 since 14: 20 units in 2 + 2 + 1 worker-seconds.
-    at(15, (1, "m", "w0", False, 10, 2.0, t0, t0 + 12), (2, "m", "w1", False, 4, 1.0, t0 + 11,
-                                                         t0 + 13),
-       (3, "m", "w2", True, 6, 1.0, t0 + 14, None))
+    at(15, (1, "m", "w0", False, 10, "a", 10, 10, t0, t0 + 12),
+       (2, "m", "w1", False, 4, "b", 10, 0, t0 + 11, t0 + 13),
+       (3, "m", "w2", True, 6, "b", 10, 0, t0 + 14, None))
     assert progress.rate("m") == pytest.approx((10 + 20) / (5 + 5))
-    at(20, (3, "m", "w2", True, 6, 1.0, t0 + 14, None))  # a stall counts: 5 s of w2
+    at(20, (3, "m", "w2", True, 6, "b", 10, 0, t0 + 14, None))  # a stall counts: 5 s of w2
     assert progress.rate("m") == pytest.approx(30 / 15)
     assert progress.rate("other") is None
     late = 20 + estimates.PROGRESS_SECONDS + 6
-    at(late, (3, "m", "w2", True, 40, 1.0, t0 + 14, None))  # the older ones are forgotten
+    at(late, (3, "m", "w2", True, 40, "b", 44, 0, t0 + 14, None))  # the older ones are forgotten
     assert progress.rate("m") == pytest.approx(34 / (late - 20))
     # Idle for longer than PROGRESS_SECONDS (swapped out, say): no stale rate, and
     # the next warm-up is left out again.
     idle = late + estimates.PROGRESS_SECONDS + 1
-    at(idle, (4, "m", "w0", True, 0, 1.0, t0 + idle, None))
+    at(idle, (4, "m", "w0", True, 0, "c", 0, 0, t0 + idle, None))
     assert progress.rate("m") is None
-    at(idle + 10, (4, "m", "w0", True, 0, 1.0, t0 + idle, None))  # warming up
-    at(idle + 20, (4, "m", "w0", True, 20, 1.0, t0 + idle, None))
+    at(idle + 10, (4, "m", "w0", True, 0, "c", 0, 0, t0 + idle, None))  # warming up
+    at(idle + 20, (4, "m", "w0", True, 20, "c", 20, 0, t0 + idle, None))
     assert progress.rate("m") == pytest.approx(20 / 10)
+
+
+def test_progress_counts_the_requests_done_since_at_what_they_cost():
+    """Side by side in the engine a batch's short answers end first: its first 10
+    requests answered 1 token each (2 units), the next 10 3 tokens each (4 units),
+    though its mean so far is then 3 units. The rate counts 40 units in the second
+    5 s, not 30; a batch not seen at the refresh before counts at its mean so far."""
+    start = timezone.now()
+    progress = estimates.Progress()
+    t0 = start.timestamp()
+
+    def at(seconds: float, *rows) -> None:
+        progress.observe(start + timedelta(seconds=seconds),
+                         [estimates.ChunkSeen(*row) for row in rows])
+
+    at(0, (1, "m", "w0", True, 0, "a", 0, 0, t0, None))
+    at(5, (1, "m", "w0", True, 10, "a", 10, 10, t0, None))
+    at(10, (1, "m", "w0", True, 20, "a", 20, 40, t0, None))
+    assert progress.rate("m") == pytest.approx((10 * 2 + 10 * 4) / 10)
+    # Batch b's chunk ran and closed between two refreshes, after 5 requests of its
+    # own elsewhere earlier: its 5 here count at its mean, 1 + 30 / 10.
+    at(15, (1, "m", "w0", True, 20, "a", 20, 40, t0, None),
+       (2, "m", "w1", False, 5, "b", 10, 30, t0 + 11, t0 + 14))
+    assert progress.rate("m") == pytest.approx((60 + 5 * 4) / (10 + 5 + 3))
 
 
 def test_the_rate_of_a_worker_running_chunks_side_by_side_counts_what_is_in_flight(
