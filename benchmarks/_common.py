@@ -97,6 +97,18 @@ def wait_for_quiet(*, max_busy: float = 30.0, timeout: float = 300.0) -> dict:
 _STARTED: dict = {}
 
 
+def _stop_on_sigterm(signum: int, _frame) -> None:
+    """A benchmark stopped by SIGTERM (`kill`, `pkill`, a CI timeout) unwinds as on
+    Ctrl-C: the servers it started stop in its `finally` blocks and context exits
+    instead of running on without it (they run in sessions of their own, so the
+    signal does not reach them)."""
+    raise SystemExit(128 + signum)
+
+
+if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+
+
 def mark_start() -> None:
     """Record the machine and the commit as the run starts (the tree may change while
     a long run goes on; write_results records both)."""
