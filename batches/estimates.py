@@ -29,12 +29,10 @@ deadline policy dispatch applies (batches/deadlines.py). Its inputs, measured he
   claimed them, its chunk threads and its slots, the broker's window in the order
   it was published, and each batch's pending chunks and stride pass.
 - each batch's work left on each model: its open chunks' requests not yet done,
-  times its cost per request: the answer-length prior (eta.answer_prior: what the
-  model's last PRIOR_BATCHES finished batches answered for their lines'
-  max_tokens, applied to this batch's own, Batch.output_limit_mean), or its own
-  mean so far if higher (its short answers end first, so its mean so far is low
-  while its long ones run); without a prior its own mean, before any finished the
-  model's.
+  times its cost per request: its own mean so far; before any finished, the
+  answer-length prior (eta.answer_prior: what the model's last PRIOR_BATCHES
+  finished batches answered for their lines' max_tokens, applied to this batch's
+  own, Batch.output_limit_mean); else the model's mean.
 
 The UPDATEs are single-row statements outside any transaction, so they hold no
 lock while waiting for another (docs/architecture.md, "Locks")."""
@@ -383,14 +381,8 @@ def load_of(row: tuple, requests: int, measured: ModelThroughput | None,
     """The ETA model's view of one batch's work on one model (row: COLUMNS)."""
     batch_id, priority, owner_id, weight, expires_at, completed, failed, tokens = row[:8]
     prior = eta.answer_prior(history, row[10])
-    expected = None if prior is None else 1.0 + prior
-    cost = eta.request_cost(completed + failed, tokens, expected if expected is not None
+    cost = eta.request_cost(completed + failed, tokens, 1.0 + prior if prior is not None
                             else measured.cost_per_request if measured else 1.0)
-    # Side by side in the engine a batch's short answers end first, so its mean so
-    # far is low while its long ones run (most with many slots: a whole batch at once
-    # on the real engine, where it read the ETAs early by a quarter or more). What
-    # the model's batches answered for its limits is the floor.
-    cost = max(cost, expected or 0.0)
     return eta.Load(batch_id=batch_id, remaining=requests * cost, priority=priority,
                     owner=owner_id, weight=weight, chunk=settings.BATCHGEN_CHUNK_SIZE * cost,
                     cost=cost,

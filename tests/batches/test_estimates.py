@@ -395,35 +395,6 @@ def test_a_batch_before_any_answer_is_estimated_by_its_max_tokens(running_batch,
     assert eta_seconds == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize(("answered", "cost"), [
-    (8, 1 + 16 * 0.95),  # short answers first: the prior is the floor
-    (30, 1 + 30),  # longer than the prior says: its own mean
-])
-def test_a_running_batch_s_requests_cost_at_least_what_its_max_tokens_say(
-        running_batch, answered, cost):
-    """Side by side in the engine a batch's short answers end first: its first chunk's
-    5 requests answered `answered` tokens each (in 5 s: the rate), but the 5 left
-    cost at least what the model's finished batches answered for its max_tokens
-    (16: 95 % of it)."""
-    model = served_model().id
-    live_workers(1, model)
-    now = timezone.now()
-    done = running_batch(4, chunk_size=2)
-    Batch.objects.filter(id=done.id).update(
-        status=BatchStatus.COMPLETED, completed=4, usage_output_tokens=4 * 19,
-        output_limit_mean=20, completed_at=now)
-    batch = running_batch(10, chunk_size=5)
-    finish(batch, range(1), workers=["w0"], started=now - timedelta(seconds=10), seconds=5,
-           output_tokens=5 * answered)
-    Batch.objects.filter(id=batch.id).update(output_limit_mean=16)
-
-    estimates.estimates_refresh(now)
-
-    rate = 5 * (1 + answered) / 5
-    assert ModelThroughput.objects.get(model=model).rate == pytest.approx(rate)
-    assert eta_of(batch, now) == pytest.approx(5 * cost / rate)
-
-
 def test_a_batch_whose_work_all_runs_already_ends_with_its_running_chunks(running_batch):
     """Chunks in flight keep their worker whatever the shares: a batch with nothing
     left to dispatch ends when its last chunk closes on the worker holding it, not at
