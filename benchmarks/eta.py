@@ -27,8 +27,8 @@ short batch misses).
     flock /tmp/batchgen-heavy.lock .venv/bin/python benchmarks/eta.py --only accuracy \\
         --baseline /work/wt-old          # a worktree of an older commit, run first
     flock /tmp/batchgen-heavy.lock .venv/bin/python benchmarks/eta.py --engine vllm \\
-        --only accuracy --workers 1 --slots 64 --batches 6 --largest 120 --arrivals 60 \\
-        --kinds 8,16,32                                           # the real engine
+        --only accuracy --workers 1 --slots 64 --batches 12 --largest 120 --arrivals 120 \\
+        --kinds 8,16,32          # the real engine, ~9 min (6 batches over 60 s: ~5 min)
 
 benchmarks/eta_model.py is the discrete-event model of the same questions (no
 processes, a minute, deterministic): the policy's quick check while changing it.
@@ -87,8 +87,8 @@ class Fleet:
 
     def chunk_log(self) -> list[tuple]:
         """Every chunk as (batch, index, requests, worker, published, claimed,
-        finished, the batch's output tokens per request), Unix seconds: what ran
-        where and when, for --trace."""
+        finished, the batch's output tokens per request, its prompt tokens per
+        request), Unix seconds: what ran where and when, for --trace."""
         import psycopg
 
         with psycopg.connect(self.database_url) as connection:
@@ -97,7 +97,8 @@ class Fleet:
                 "extract(epoch from c.published_at)::float, "
                 "extract(epoch from c.claimed_at)::float, "
                 "extract(epoch from c.finished_at)::float, "
-                "b.usage_output_tokens::float / greatest(b.completed, 1) "
+                "b.usage_output_tokens::float / greatest(b.completed, 1), "
+                "b.usage_input_tokens::float / greatest(b.completed, 1) "
                 "FROM batches_chunk c JOIN batches_batch b ON b.id = c.batch_id").fetchall()
         return [tuple(row) for row in rows]
 
