@@ -448,18 +448,25 @@ def test_chunks_held_by_a_busy_worker_wait_for_it_while_another_is_idle(running_
     assert eta_of(held, now) == pytest.approx(6)
 
 
+def observed():
+    """A fresh Progress, `at(seconds, *rows)` showing it rows of ChunkSeen fields that
+    many seconds after the start, and the start in Unix seconds."""
+    start = timezone.now()
+    progress = estimates.Progress()
+
+    def at(seconds: float, *rows) -> None:
+        progress.observe(start + timedelta(seconds=seconds),
+                         [estimates.ChunkSeen(*row) for row in rows])
+
+    return progress, at, start.timestamp()
+
+
 def test_progress_counts_the_requests_in_flight_and_not_a_warm_up():
     """Progress.rate: the cost units the chunks did between refreshes over the time
     each worker held one, a chunk claimed and finished between two refreshes
     included, the first silence (an engine warming up) left out, and nothing until
     PROGRESS_MIN seconds are in."""
-    start = timezone.now()
-    progress = estimates.Progress()
-    t0 = start.timestamp()
-
-    def at(seconds: float, *rows) -> None:
-        progress.observe(start + timedelta(seconds=seconds),
-                         [estimates.ChunkSeen(*row) for row in rows])
+    progress, at, t0 = observed()
 
     at(0, (1, "m", "w0", True, 0, "a", 0, 0, t0, None))
     at(5, (1, "m", "w0", True, 0, "a", 0, 0, t0, None))  # warming up: not the rate
@@ -492,13 +499,7 @@ def test_progress_counts_the_requests_done_since_at_what_they_cost():
     requests answered 1 token each (2 units), the next 10 3 tokens each (4 units),
     though its mean so far is then 3 units. The rate counts 40 units in the second
     5 s, not 30; a batch not seen at the refresh before counts at its mean so far."""
-    start = timezone.now()
-    progress = estimates.Progress()
-    t0 = start.timestamp()
-
-    def at(seconds: float, *rows) -> None:
-        progress.observe(start + timedelta(seconds=seconds),
-                         [estimates.ChunkSeen(*row) for row in rows])
+    progress, at, t0 = observed()
 
     at(0, (1, "m", "w0", True, 0, "a", 0, 0, t0, None))
     at(5, (1, "m", "w0", True, 10, "a", 10, 10, t0, None))
