@@ -18,8 +18,8 @@ deadline policy dispatch applies (batches/deadlines.py). Its inputs, measured he
   PROGRESS_MIN seconds are in (a control worker that just started), from the
   finished chunks: their work over their service times (eta.service_rate: a
   chunk's service starts at the later of its claim and the close before it on the
-  same worker), over the model's last LAST_CHUNKS finished
-  chunks (CHUNKS_PER_WORKER a live worker, if more); before any closed, the higher
+  same worker), over the model's last LAST_CHUNKS finished chunks
+  (CHUNKS_PER_WORKER a live worker, if more); before any closed, the higher
   of the progress seen after the engine's warm-up and the running chunks' work so
   far over their busy time (both read low while the first answers come back).
   Stored as the model's rate (times its live workers) for the deadline policy. A
@@ -139,8 +139,10 @@ class Progress:
         found = {}
         for row in rows:
             before_done, before_tokens = self.batches.get(row.batch, (0, 0))
+            # Counts only grow while a batch runs; finalization recounts its usage
+            # from the output file, which must not make a request cost less than one.
             found[row.batch] = eta.request_cost(
-                row.batch_done - before_done, row.batch_tokens - before_tokens,
+                row.batch_done - before_done, max(row.batch_tokens - before_tokens, 0),
                 eta.request_cost(row.batch_done, row.batch_tokens))
         return found
 

@@ -84,34 +84,39 @@ class Fleet:
     vhost: RabbitVhost
     database_url: str = ""
     keys: list[str] = field(default_factory=list)
+    connection: object = None  # query's, opened on first use
+
+    def query(self, sql: str) -> list[tuple]:
+        """Rows of `sql` on the fleet's database, for --trace: one connection kept
+        for the run (the rates are read every second), closed by stop()."""
+        import psycopg
+
+        if self.connection is None:
+            self.connection = psycopg.connect(self.database_url, autocommit=True)
+        return [tuple(row) for row in self.connection.execute(sql).fetchall()]
 
     def chunk_log(self) -> list[tuple]:
         """Every chunk as (batch, index, requests, worker, published, claimed,
         finished, the batch's output tokens per request, its prompt tokens per
         request), Unix seconds: what ran where and when, for --trace."""
-        import psycopg
-
-        with psycopg.connect(self.database_url) as connection:
-            rows = connection.execute(
+        return self.query(
                 "SELECT c.batch_id, c.index, c.count, c.worker, "
                 "extract(epoch from c.published_at)::float, "
                 "extract(epoch from c.claimed_at)::float, "
                 "extract(epoch from c.finished_at)::float, "
                 "b.usage_output_tokens::float / greatest(b.completed, 1), "
                 "b.usage_input_tokens::float / greatest(b.completed, 1) "
-                "FROM batches_chunk c JOIN batches_batch b ON b.id = c.batch_id").fetchall()
-        return [tuple(row) for row in rows]
+                "FROM batches_chunk c JOIN batches_batch b ON b.id = c.batch_id")
 
     def rates(self) -> list[tuple]:
         """The measured rates now, as (model, cost units a second, workers, cost per
         request): what the ETAs were played at, for --trace."""
-        import psycopg
-
-        with psycopg.connect(self.database_url) as connection:
-            return [tuple(row) for row in connection.execute(
-                "SELECT model, rate, workers, cost_per_request FROM batches_modelthroughput")]
+        return self.query(
+            "SELECT model, rate, workers, cost_per_request FROM batches_modelthroughput")
 
     def stop(self) -> None:
+        if self.connection is not None:
+            self.connection.close()
         self.server.stop()
         self.vhost.delete()
         self.drop()
