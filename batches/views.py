@@ -118,12 +118,15 @@ def _output_on_object_store(store, batch, offset: int) -> StreamingHttpResponse:
     lines, so the ends of segments are the places a reader can resume from; after
     finalization, the composed output file."""
     counted = selectors.output_stream(batch=batch)
+    # Finalization may compose the segments and delete them while this answer is read.
+    composed = None if batch.output_file_id else storage.incremental_name(batch.id)
     end = stream_end(counted)
     if offset > end:
         raise BatchGenError(f"offset {offset} is past the {end} bytes written so far.",
                             param="offset")
     try:
-        at_line_start = offset in (0, end) or starts_a_line(store, counted, offset)
+        at_line_start = offset in (0, end) or starts_a_line(store, counted, offset,
+                                                               composed=composed)
     except backends.StorageUnavailable as exc:
         raise StorageUnreachable(f"The file store is unavailable ({exc}); try again "
                                  "shortly.") from None
@@ -131,7 +134,8 @@ def _output_on_object_store(store, batch, offset: int) -> StreamingHttpResponse:
         raise BatchGenError(
             f"offset {offset} is inside a line. Resume from the X-Next-Offset of the "
             "previous answer.", param="offset", code="offset_not_at_line_start")
-    response = StreamingHttpResponse(read_from(store, counted, offset) if end > offset else [],
+    response = StreamingHttpResponse(read_from(store, counted, offset, composed=composed)
+                                     if end > offset else [],
                                      content_type="application/x-ndjson")
     response["X-Next-Offset"] = str(end)
     response["X-Batch-Status"] = batch.status

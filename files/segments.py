@@ -52,29 +52,54 @@ def stream_end(segments: Sequence[Segment]) -> int:
     return sum(segment.size for segment in segments)
 
 
-def read_from(store: S3Storage, segments: Sequence[Segment], offset: int) -> Iterator[bytes]:
+def read_from(store: S3Storage, segments: Sequence[Segment], offset: int, *,
+              composed: str | None = None) -> Iterator[bytes]:
     """The counted segments as one byte stream from `offset`, in bounded blocks: the
-    segment holding `offset` from there on (a ranged GET), then every later one whole."""
-    start = 0
+    segment holding `offset` from there on (a ranged GET), then every later one whole.
+
+    `composed` names the object finalization composes the stream into: the same bytes
+    at the same offsets, the reader's segments being a prefix of what it composes.
+    Finalization deletes the segments once it has composed them, possibly after the
+    reader listed them; a segment found gone is then read, with the rest of the
+    stream, from there."""
+    position, start, end = offset, 0, stream_end(segments)
     for segment in segments:
-        end = start + segment.size
-        if end > offset and segment.size:
-            yield from store.get_bytes(segment.name, start=max(0, offset - start))
-        start = end
+        if start + segment.size > position and segment.size:
+            try:
+                for block in store.get_bytes(segment.name, start=position - start):
+                    position += len(block)
+                    yield block
+            except FileNotFoundError:
+                if composed is None:
+                    raise
+                yield from store.get_bytes(composed, start=position, end=end)
+                return
+        start += segment.size
 
 
-def starts_a_line(store: S3Storage, segments: Sequence[Segment], offset: int) -> bool:
+def starts_a_line(store: S3Storage, segments: Sequence[Segment], offset: int, *,
+                  composed: str | None = None) -> bool:
     """Whether `offset` is where a line starts: a segment's start, or just after a
-    newline (one byte read with a ranged GET)."""
+    newline (one byte read with a ranged GET; from `composed` if the segment is gone,
+    as read_from)."""
     start = 0
     for segment in segments:
         if offset == start:
             return True
         if offset < start + segment.size:
-            at = offset - start - 1
-            return b"".join(store.get_bytes(segment.name, start=at, end=at + 1)) == b"\n"
+            try:
+                byte = _one_byte(store, segment.name, offset - start - 1)
+            except FileNotFoundError:
+                if composed is None:
+                    raise
+                byte = _one_byte(store, composed, offset - 1)
+            return byte == b"\n"
         start += segment.size
     return offset == start
+
+
+def _one_byte(store: S3Storage, name: str, at: int) -> bytes:
+    return b"".join(store.get_bytes(name, start=at, end=at + 1))
 
 
 @dataclass(frozen=True)

@@ -143,3 +143,32 @@ def test_many_objects_go_with_one_request_and_a_missing_one_is_no_error(store):
              for i in range(5)]
     store.delete_many([*names[:4], "incremental/batch_v/never-written.jsonl"])
     assert list(store.names("incremental/batch_v/")) == names[4:]
+
+
+def test_a_reader_whose_segments_were_composed_and_deleted_reads_on_from_the_composed_object(
+        store):
+    """Finalization composes the stream and deletes the segments, possibly while a
+    reader streams the list it took before: the reader goes on from the composed
+    object at the same offset, and sees the stream it listed, whole and once."""
+    parts = [lines("a", 4), lines("b", 3), lines("c", 5)]
+    counted = [put(store, segments.segment_name("batch_f", i, 1, 0), data)
+               for i, data in enumerate(parts)]
+    later = put(store, segments.segment_name("batch_f", 3, 1, 0), lines("d", 2))
+    stream = b"".join(parts)
+    composed = "incremental/batch_f.jsonl"
+    second_line = stream.index(b"\n") + 1
+    reader = segments.read_from(store, counted, second_line, composed=composed)
+    first_block = next(reader)  # the first segment's GET is under way
+
+    segments.compose(store, [*counted, later], composed)
+    store.delete_many(list(store.names("incremental/batch_f/")))
+
+    assert first_block + b"".join(reader) == stream[second_line:]
+    inside_second = len(parts[0]) + parts[1].index(b"\n") + 1  # every segment is gone now
+    assert b"".join(segments.read_from(store, counted, inside_second,
+                                       composed=composed)) == stream[inside_second:]
+    starts = {0, *(i + 1 for i, byte in enumerate(stream) if byte == ord("\n"))}
+    assert all(segments.starts_a_line(store, counted, offset, composed=composed)
+               == (offset in starts) for offset in range(len(stream) + 1))
+    with pytest.raises(FileNotFoundError):  # without the composed object's name
+        b"".join(segments.read_from(store, counted, 0))
