@@ -33,7 +33,7 @@ from functools import partial
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Min
+from django.db.models import F, Min
 from django.utils import timezone
 
 from batches.deadlines import deadline_shares
@@ -137,7 +137,8 @@ def _choose(model: str, advanced: dict[str, float]) -> list[tuple[str, int, int]
                                            chunks__model__in=models)
                       .distinct().values_list("dispatch_pass", "id", "priority", "owner_id",
                                               "owner__weight", "expires_at", "total",
-                                              "completed", "failed", "usage_output_tokens"))
+                                              "completed", "failed", "usage_output_tokens",
+                                              F("usage_input_tokens") - F("usage_cached_tokens")))
     shares = batch_shares([(batch_id, priority, owner_id, weight)
                            for _, batch_id, priority, owner_id, weight, *_ in candidates])
     if settings.BATCHGEN_DEADLINE_POLICY and len(candidates) > 1:
@@ -176,8 +177,9 @@ def deadline_adjusted(model: str, candidates: list[tuple], shares: dict[str, flo
     now = timezone.now()
     loads = []
     for _, batch_id, priority, owner_id, weight, expires_at, total, completed, failed, \
-            tokens in candidates:
-        cost = request_cost(completed + failed, tokens, measured.cost_per_request)
+            tokens, prompt in candidates:
+        cost = request_cost(completed + failed, tokens, measured.cost_per_request, prompt,
+                            measured.prompt_weight)
         loads.append(Load(batch_id=batch_id, priority=priority, owner=owner_id, weight=weight,
                           remaining=max(total - completed - failed, 0) * cost, cost=cost,
                           time_left=(expires_at - now).total_seconds()))

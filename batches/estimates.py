@@ -10,7 +10,8 @@ and the workers played forward chunk by chunk from where every open chunk is now
 (held by a worker, in the broker's window, or pending), under the shares of the
 deadline policy dispatch applies (batches/deadlines.py). Its inputs, measured here:
 
-- one worker's rate, in cost units (a request plus its output tokens) a second:
+- one worker's rate, in cost units (a request plus its output tokens plus its
+  prompt tokens computed at the model's prompt weight, PromptFit) a second:
   what the model's chunks did between refreshes (Progress: the requests done by the
   chunks running now, at the last refresh or closed since, each at what its
   batch's requests done since cost) over the last PROGRESS_SECONDS it had work,
@@ -32,7 +33,8 @@ deadline policy dispatch applies (batches/deadlines.py). Its inputs, measured he
   times its cost per request: its own mean so far; before any finished, the
   answer-length prior (eta.answer_prior: what the model's last PRIOR_BATCHES
   finished batches answered for their lines' max_tokens, applied to this batch's
-  own, Batch.output_limit_mean); else the model's mean.
+  own, Batch.output_limit_mean) and their prompt tokens (eta.prompt_prior); else
+  the model's mean.
 
 The UPDATEs are single-row statements outside any transaction, so they hold no
 lock while waiting for another (docs/architecture.md, "Locks")."""
@@ -64,10 +66,11 @@ LAST_CHUNKS = 50
 # ... and a few of each live worker's, however many (eta.service_rate measures a
 # worker's chunks against the close before them on the same worker).
 CHUNKS_PER_WORKER = 8
-# What estimates_refresh reads of each running batch (load_of reads the first 11).
+# What estimates_refresh reads of each running batch (load_of reads all but 8, 9, 11
+# and 12).
 COLUMNS = ("id", "priority", "owner_id", "owner__weight", "expires_at", "completed", "failed",
            "usage_output_tokens", "estimated_completion_at", "at_risk", "output_limit_mean",
-           "model", "dispatch_pass")
+           "model", "dispatch_pass", "usage_input_tokens", "usage_cached_tokens")
 # Finished batches the answer-length prior learns from, per model.
 PRIOR_BATCHES = 50
 # An estimate that moved less than this, or less than this fraction of the time it
@@ -82,36 +85,85 @@ MOVED_FRACTION = 0.01
 # by side (many slots) holds a good part of its work in.
 PROGRESS_SECONDS = 120.0
 PROGRESS_MIN = 10.0
+# A prompt token's worth, in output tokens, per model (PromptFit): over the progress
+# intervals of the last PROMPT_HALF_LIFE seconds or so, once the mix of prompt and
+# output in them has varied enough to tell the two apart (PROMPT_SPREAD_MIN), and at
+# most PROMPT_WEIGHT_MAX (prefill computes a prompt's tokens together; an output
+# token is a decode step of its own).
+PROMPT_HALF_LIFE = 600.0
+PROMPT_SPREAD_MIN = 0.05
+PROMPT_WEIGHT_MAX = 1.0
+
+
+@dataclass
+class PromptFit:
+    """What a prompt token costs against an output token on one model: the least
+    squares fit, through the origin, of each progress interval's busy
+    worker-seconds B over the decode units D its requests took (one a request plus
+    its output tokens) and the prompt tokens P they computed (cached ones left out),
+    B = u D + v P; a prompt token is worth v / u output tokens. Older intervals weigh
+    less (by half every PROMPT_HALF_LIFE seconds). No answer while the intervals
+    hold D and P in about the same proportion (their series' 1 - cos² under
+    PROMPT_SPREAD_MIN): then any weight explains them as well, and none is said."""
+
+    dd: float = 0.0
+    dp: float = 0.0
+    pp: float = 0.0
+    db: float = 0.0
+    pb: float = 0.0
+
+    def add(self, seconds: float, decode: float, prompt: float, busy: float) -> None:
+        keep = 0.5 ** (seconds / PROMPT_HALF_LIFE)
+        self.dd = self.dd * keep + decode * decode
+        self.dp = self.dp * keep + decode * prompt
+        self.pp = self.pp * keep + prompt * prompt
+        self.db = self.db * keep + decode * busy
+        self.pb = self.pb * keep + prompt * busy
+
+    def weight(self) -> float | None:
+        det = self.dd * self.pp - self.dp * self.dp
+        if self.dd <= 0 or self.pp <= 0 or det < PROMPT_SPREAD_MIN * self.dd * self.pp:
+            return None
+        per_decode = (self.db * self.pp - self.pb * self.dp) / det
+        per_prompt = (self.pb * self.dd - self.db * self.dp) / det
+        if per_decode <= 0:
+            return None
+        return min(max(per_prompt / per_decode, 0.0), PROMPT_WEIGHT_MAX)
 
 
 @dataclass
 class Progress:
     """What the refreshing process remembers of the running chunks from one refresh
     to the next: the requests each had done, what their batches had done, and per
-    model the intervals it had work in, as (start, end, cost units done,
-    worker-seconds: how long each worker held one of its chunks in it). In memory:
-    the control worker refreshes, and one that starts afresh measures from the
-    finished chunks until it has PROGRESS_MIN seconds of its own."""
+    model the intervals it had work in, as (start, end, decode units done, prompt
+    tokens computed, worker-seconds: how long each worker held one of its chunks in
+    it), and what a prompt token costs there (PromptFit). In memory: the control
+    worker refreshes, and one that starts afresh measures from the finished chunks
+    until it has PROGRESS_MIN seconds of its own (and the stored prompt weight until
+    it has fitted one)."""
 
     at: datetime | None = None
     done: dict[int, int] = field(default_factory=dict)  # running chunk: requests done
-    # Each batch seen: (requests done, output tokens), for what the requests done
-    # since cost (`costs`).
-    batches: dict[str, tuple[int, int]] = field(default_factory=dict)
-    spans: dict[str, deque[tuple[float, float, float, float]]] = field(
+    # Each batch seen: (requests done, output tokens, prompt tokens computed), for
+    # what the requests done since cost (`costs`).
+    batches: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    spans: dict[str, deque[tuple[float, float, float, float, float]]] = field(
         default_factory=lambda: defaultdict(deque))
+    fits: dict[str, PromptFit] = field(default_factory=lambda: defaultdict(PromptFit))
 
     def observe(self, now: datetime, rows: list[ChunkSeen]) -> None:
         """Take in the chunks running now, at the last refresh, or finished since. A
         model's first intervals without progress (an engine warming up) are not its
         rate."""
-        work: dict[str, float] = defaultdict(float)
+        work: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # decode, prompt
         held: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(
             lambda: defaultdict(list))
         start, end = (self.at or now).timestamp(), now.timestamp()
         cost = self.costs(rows)
         for row in rows:
-            work[row.model] += max(row.done - self.done.get(row.chunk, 0), 0) * cost[row.batch]
+            done = max(row.done - self.done.get(row.chunk, 0), 0)
+            for index, each in enumerate(cost[row.batch]):
+                work[row.model][index] += done * each
             stop = row.finished if row.finished is not None else end if row.running else start
             if row.claimed is not None and min(stop, end) > max(row.claimed, start):
                 held[row.model][row.worker].append((max(row.claimed, start), min(stop, end)))
@@ -120,44 +172,65 @@ class Progress:
                 spans.popleft()
         if self.at is not None and end > start:
             for model, workers in held.items():
-                spans = self.spans[model]
-                if spans or work[model] > 0:
-                    spans.append((start, end, work[model], sum(
-                        eta.busy_seconds(intervals) for intervals in workers.values())))
+                spans, (decode, prompt) = self.spans[model], work[model]
+                if spans or decode > 0:
+                    busy = sum(eta.busy_seconds(intervals) for intervals in workers.values())
+                    spans.append((start, end, decode, prompt, busy))
+                    self.fits[model].add(end - start, decode, prompt, busy)
         self.done = {row.chunk: row.done for row in rows if row.running}
-        self.batches = {row.batch: (row.batch_done, row.batch_tokens) for row in rows}
+        self.batches = {row.batch: (row.batch_done, row.batch_tokens, row.batch_prompt)
+                        for row in rows}
         self.at = now
 
-    def costs(self, rows: list[ChunkSeen]) -> dict[str, float]:
-        """What each batch's requests done since the last refresh cost a request: its
-        output tokens since then over its requests since then (eta.request_cost of
-        the differences), its mean so far if it was not seen then. Not its mean so
-        far always: side by side in the engine, a batch's short answers end first,
-        so its mean so far is low while its long ones run, and counting the requests
-        that end later at it would make the rate read low by as much (most on the
-        real engine, where 64 slots hold whole batches of 50-120 requests)."""
+    def costs(self, rows: list[ChunkSeen]) -> dict[str, tuple[float, float]]:
+        """What each batch's requests done since the last refresh took a request, as
+        (decode units, prompt tokens computed): its figures since then over its
+        requests since then (eta.request_cost of the differences), its means so far
+        if it was not seen then. Not its means so far always: side by side in the
+        engine, a batch's short answers end first, so its mean so far is low while
+        its long ones run, and counting the requests that end later at it would make
+        the rate read low by as much (most on the real engine, where 64 slots hold
+        whole batches of 50-120 requests)."""
         found = {}
         for row in rows:
-            before_done, before_tokens = self.batches.get(row.batch, (0, 0))
-            # Counts only grow while a batch runs; finalization recounts its usage
-            # from the output file, which must not make a request cost less than one.
-            found[row.batch] = eta.request_cost(
-                row.batch_done - before_done, max(row.batch_tokens - before_tokens, 0),
-                eta.request_cost(row.batch_done, row.batch_tokens))
+            before_done, before_tokens, before_prompt = self.batches.get(row.batch, (0, 0, 0))
+            done = row.batch_done - before_done
+            found[row.batch] = (
+                1.0 + _per_request(done, row.batch_tokens - before_tokens,
+                                   row.batch_done, row.batch_tokens),
+                _per_request(done, row.batch_prompt - before_prompt,
+                             row.batch_done, row.batch_prompt))
         return found
 
     def forget(self) -> None:
-        self.at, self.done, self.batches, self.spans = None, {}, {}, defaultdict(deque)
+        self.at, self.done, self.batches = None, {}, {}
+        self.spans, self.fits = defaultdict(deque), defaultdict(PromptFit)
 
-    def rate(self, model: str, least: float = PROGRESS_MIN) -> float | None:
-        """One worker's cost units a second: the model's over its recent intervals
-        with work, over the time each worker held its chunks in them; None before
-        `least` seconds of them."""
+    def prompt_weight(self, model: str) -> float | None:
+        """A prompt token's worth in output tokens on `model` (PromptFit); None
+        until the intervals tell."""
+        fit = self.fits.get(model)
+        return fit.weight() if fit else None
+
+    def rate(self, model: str, least: float = PROGRESS_MIN,
+             prompt_weight: float = 0.0) -> float | None:
+        """One worker's cost units a second (a prompt token at `prompt_weight`): the
+        model's over its recent intervals with work, over the time each worker held
+        its chunks in them; None before `least` seconds of them."""
         spans = self.spans.get(model) or ()
         seconds = sum(end - start for start, end, *_ in spans)
-        work = sum(span[2] for span in spans)
-        busy = sum(span[3] for span in spans)
+        work = sum(span[2] + prompt_weight * span[3] for span in spans)
+        busy = sum(span[4] for span in spans)
         return work / busy if seconds >= least and work > 0 and busy > 0 else None
+
+
+def _per_request(done_since: int, tokens_since: int, done: int, tokens: int) -> float:
+    """Tokens a request: of those done since the last refresh, else of all so far.
+    Counts only grow while a batch runs; finalization recounts its usage from the
+    output file, which must not make a request take fewer than none."""
+    if done_since > 0:
+        return max(tokens_since, 0) / done_since
+    return tokens / done if done > 0 else 0.0
 
 
 class ChunkSeen(NamedTuple):
@@ -173,9 +246,13 @@ class ChunkSeen(NamedTuple):
     batch_tokens: int  # its batch's output tokens
     claimed: float | None
     finished: float | None
+    batch_prompt: int = 0  # its batch's prompt tokens computed (cached ones left out)
 
 
 PROGRESS = Progress()
+# A chunk's batch's prompt tokens the engine computed: prefix-cached ones cost
+# next to nothing.
+PROMPT_COMPUTED = F("batch__usage_input_tokens") - F("batch__usage_cached_tokens")
 
 
 def progress_observe(now: datetime, models: Iterable[str]) -> None:
@@ -188,29 +265,31 @@ def progress_observe(now: datetime, models: Iterable[str]) -> None:
     rows = Chunk.objects.filter(seen).values_list(
         "id", "model", "worker", "status", "completed", "failed", "batch_id",
         "batch__completed", "batch__failed", "batch__usage_output_tokens", "claimed_at",
-        "finished_at")
+        "finished_at", PROMPT_COMPUTED)
     PROGRESS.observe(now, [
         ChunkSeen(chunk_id, chunk_model(model), worker, status == ChunkStatus.RUNNING,
                   done + failed, batch_id, batch_done + batch_failed, tokens,
-                  claimed and claimed.timestamp(), finished and finished.timestamp())
+                  claimed and claimed.timestamp(), finished and finished.timestamp(), prompt)
         for chunk_id, model, worker, status, done, failed, batch_id, batch_done, batch_failed,
-        tokens, claimed, finished in rows])
+        tokens, claimed, finished, prompt in rows])
 
 
 def model_throughput_measure(*, model: str, live_workers: int, now: datetime,
-                             progress: float | None = None,
-                             early: float | None = None) -> ModelThroughput | None:
+                             stored: ModelThroughput | None,
+                             progress: float | None = None, early: float | None = None,
+                             prompt_weight: float = 0.0) -> ModelThroughput | None:
     """Measure `model`'s rate and store it: one worker's `progress` (cost units a
     second, Progress.rate) when there is one, else from its last finished chunks;
     before any closed, the higher of the `early` progress (under PROGRESS_MIN
     seconds of it, after the engine's warm-up) and the running chunks' work so far
     over their time; the last stored one (scaled to the live workers) when none
-    finished yet; None if never."""
+    finished yet (`stored`); None if never. A prompt token costs `prompt_weight` (PromptFit),
+    stored with the rate so that every reader of it costs work alike."""
     rows = list(Chunk.objects.filter(model__in=_model_filter(model), status=ChunkStatus.DONE,
                                      claimed_at__isnull=False, finished_at__isnull=False)
                 .order_by("-finished_at")
                 .values_list("count", "claimed_at", "finished_at", "worker", "batch__completed",
-                             "batch__failed", "batch__usage_output_tokens")
+                             "batch__failed", "batch__usage_output_tokens", PROMPT_COMPUTED)
                 [:max(LAST_CHUNKS, CHUNKS_PER_WORKER * live_workers)])
     finished = len(rows)
     # Before any chunk closed, the running ones count with what they did so far.
@@ -218,13 +297,14 @@ def model_throughput_measure(*, model: str, live_workers: int, now: datetime,
              Chunk.objects.filter(model__in=_model_filter(model), status=ChunkStatus.RUNNING,
                                   claimed_at__isnull=False)
              .values_list("completed", "failed", "claimed_at", "worker", "batch__completed",
-                          "batch__failed", "batch__usage_output_tokens")[:LAST_CHUNKS]
+                          "batch__failed", "batch__usage_output_tokens", PROMPT_COMPUTED)
+             [:LAST_CHUNKS]
              ] if not finished else []
-    stored = ModelThroughput.objects.filter(model=model).first()
     requests = sum(row[0] for row in rows)
     if not requests:
         return stored
-    costs = [eta.request_cost(done + failed, tokens) for *_, done, failed, tokens in rows]
+    costs = [eta.request_cost(done + failed, tokens, 1.0, prompt, prompt_weight)
+             for *_, done, failed, tokens, prompt in rows]
     work = [(worker, claimed.timestamp(), end.timestamp(), count * cost)
             for (count, claimed, end, worker, *_), cost in zip(rows, costs, strict=True)]
     one = progress or None
@@ -239,18 +319,21 @@ def model_throughput_measure(*, model: str, live_workers: int, now: datetime,
         return stored
     measured, _ = ModelThroughput.objects.update_or_create(model=model, defaults={
         "rate": one * max(live_workers, 1), "workers": live_workers, "measured_at": now,
-        "cost_per_request": sum(row[3] for row in work) / requests})
+        "cost_per_request": sum(row[3] for row in work) / requests,
+        "prompt_weight": prompt_weight})
     return measured
 
 
-def answer_history(model: str) -> list[tuple[float, float, int]]:
-    """(mean output limit, output tokens per request, requests) of the model's last
-    PRIOR_BATCHES completed batches whose lines named a limit (eta.answer_prior)."""
+def answer_history(model: str) -> list[tuple[float, float, int, float]]:
+    """(mean output limit, output tokens per request, requests, prompt tokens
+    computed per request) of the model's last PRIOR_BATCHES completed batches whose
+    lines named a limit (eta.answer_prior, eta.prompt_prior)."""
     rows = (Batch.objects.filter(model=model, status=BatchStatus.COMPLETED, completed__gt=0,
                                  output_limit_mean__isnull=False)
             .order_by("-completed_at")
-            .values_list("output_limit_mean", "usage_output_tokens", "completed")[:PRIOR_BATCHES])
-    return [(limit, tokens / done, done) for limit, tokens, done in rows]
+            .values_list("output_limit_mean", "usage_output_tokens", "completed",
+                         F("usage_input_tokens") - F("usage_cached_tokens"))[:PRIOR_BATCHES])
+    return [(limit, tokens / done, done, prompt / done) for limit, tokens, done, prompt in rows]
 
 
 @dataclass
@@ -347,10 +430,16 @@ def estimates_refresh(now: datetime | None = None) -> int:
     progress_observe(now, slots)
     finish: dict[str, float | None] = {}
     risky: set[str] = set()
+    stored = {row.model: row for row in ModelThroughput.objects.all()}
     for model, chunks in open_chunks().items():
-        measured = model_throughput_measure(model=model, live_workers=len(slots.get(model, {})),
-                                            now=now, progress=PROGRESS.rate(model),
-                                            early=PROGRESS.rate(model, least=0.0))
+        weight = PROGRESS.prompt_weight(model)
+        if weight is None:  # not told apart yet (or a fresh control worker): the last one
+            weight = stored[model].prompt_weight if model in stored else 0.0
+        measured = model_throughput_measure(
+            model=model, live_workers=len(slots.get(model, {})), now=now,
+            stored=stored.get(model),
+            progress=PROGRESS.rate(model, prompt_weight=weight),
+            early=PROGRESS.rate(model, least=0.0, prompt_weight=weight), prompt_weight=weight)
         loads = [load_of(batches[batch_id], requests, measured, now,
                          histories[batches[batch_id][11]])
                  for batch_id, requests in chunks.left.items() if batch_id in batches]
@@ -383,8 +472,11 @@ def load_of(row: tuple, requests: int, measured: ModelThroughput | None,
     """The ETA model's view of one batch's work on one model (row: COLUMNS)."""
     batch_id, priority, owner_id, weight, expires_at, completed, failed, tokens = row[:8]
     prior = eta.answer_prior(history, row[10])
-    cost = eta.request_cost(completed + failed, tokens, 1.0 + prior if prior is not None
-                            else measured.cost_per_request if measured else 1.0)
+    prompt_weight = measured.prompt_weight if measured else 0.0
+    fallback = (1.0 + prior + prompt_weight * eta.prompt_prior(history) if prior is not None
+                else measured.cost_per_request if measured else 1.0)
+    cost = eta.request_cost(completed + failed, tokens, fallback, row[13] - row[14],
+                            prompt_weight)
     return eta.Load(batch_id=batch_id, remaining=requests * cost, priority=priority,
                     owner=owner_id, weight=weight, chunk=settings.BATCHGEN_CHUNK_SIZE * cost,
                     cost=cost,

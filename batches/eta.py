@@ -158,10 +158,15 @@ def fair_finish_times(loads: Sequence[Load], rate: float) -> dict[str, float]:
     return result
 
 
-def request_cost(done: int, output_tokens: int, fallback: float = 1.0) -> float:
-    """What one request of a batch costs, in cost units: one plus its output tokens,
-    the batch's own mean once some of it finished, else `fallback` (its model's)."""
-    return 1.0 + output_tokens / done if done > 0 else fallback
+def request_cost(done: int, output_tokens: int, fallback: float = 1.0, prompt_tokens: int = 0,
+                 prompt_weight: float = 0.0) -> float:
+    """What one request of a batch costs, in cost units: one plus its output tokens
+    plus its computed prompt tokens at `prompt_weight` (an output token's worth each:
+    the model's, learned, batches.estimates.PromptFit), the batch's own mean once
+    some of it finished, else `fallback` (its model's)."""
+    if done <= 0:
+        return fallback
+    return 1.0 + (output_tokens + prompt_weight * prompt_tokens) / done
 
 
 def answer_prior(history: Sequence[tuple[float, float, int]], limit: float | None) -> float | None:
@@ -174,10 +179,19 @@ def answer_prior(history: Sequence[tuple[float, float, int]], limit: float | Non
     if not limit or not history:
         return None
     near = [row for row in history if 0.5 <= row[0] / limit <= 2.0] or list(history)
-    requests = sum(count for *_, count in near)
+    requests = sum(row[2] for row in near)
     if requests <= 0:
         return None
-    return sum(output / cap * count for cap, output, count in near if cap > 0) / requests * limit
+    return sum(output / cap * count for cap, output, count, *_ in near if cap > 0) \
+        / requests * limit
+
+
+def prompt_prior(history: Sequence[tuple[float, float, int, float]]) -> float:
+    """The computed prompt tokens a request is expected to take, before any of its
+    batch finished: the model's finished batches' (answer_prior's history, with their
+    prompt tokens per request fourth) mean, weighted by requests; 0 without any."""
+    requests = sum(row[2] for row in history)
+    return sum(row[2] * row[3] for row in history) / requests if requests > 0 else 0.0
 
 
 def busy_seconds(intervals: Sequence[tuple[float, float]]) -> float:

@@ -221,14 +221,17 @@ class ControlLock(models.Model):
 
 class ModelThroughput(models.Model):
     """A served model's measured throughput (batches/estimates.py): cost units (a
-    request plus its output tokens) a second over all of its workers (one worker's
-    rate from its last finished chunks, eta.service_rate, times the live workers).
-    Written by the control worker's estimate refresh, read by dispatch's deadline
-    policy and by admission, so none measures it twice."""
+    request plus its output tokens plus its prompt tokens at prompt_weight) a second
+    over all of its workers (one worker's rate from its last finished chunks,
+    eta.service_rate, times the live workers). Written by the control worker's
+    estimate refresh, read by dispatch's deadline policy and by admission, so none
+    measures it twice."""
 
     model = models.CharField(primary_key=True, max_length=255)
     rate = models.FloatField()
     cost_per_request = models.FloatField(default=1.0)
+    # A prompt token's worth in output tokens in those units (estimates.PromptFit).
+    prompt_weight = models.FloatField(default=0.0)
     workers = models.IntegerField(default=0)  # the live workers it was scaled to
     measured_at = models.DateTimeField()
 

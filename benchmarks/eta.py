@@ -109,10 +109,10 @@ class Fleet:
                 "FROM batches_chunk c JOIN batches_batch b ON b.id = c.batch_id")
 
     def rates(self) -> list[tuple]:
-        """The measured rates now, as (model, cost units a second, workers, cost per
-        request): what the ETAs were played at, for --trace."""
-        return self.query(
-            "SELECT model, rate, workers, cost_per_request FROM batches_modelthroughput")
+        """The measured rates now, each ModelThroughput row as a dict (cost units a
+        second, workers, cost per request, prompt weight, as the version run has
+        them): what the ETAs were played at, for --trace."""
+        return self.query("SELECT row_to_json(t) FROM batches_modelthroughput t")
 
     def stop(self) -> None:
         if self.connection is not None:

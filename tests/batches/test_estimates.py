@@ -30,10 +30,11 @@ def not_dispatched(batch: Batch) -> Batch:
     return batch
 
 
-def measured_at(now, model: str, *, rate: float, cost_per_request: float = 1) -> None:
+def measured_at(now, model: str, *, rate: float, cost_per_request: float = 1,
+                prompt_weight: float = 0.0) -> None:
     """The model's throughput as measured at `now`."""
     ModelThroughput.objects.create(model=model, rate=rate, cost_per_request=cost_per_request,
-                                   workers=1, measured_at=now)
+                                   prompt_weight=prompt_weight, workers=1, measured_at=now)
 
 
 def running_on(worker: str, batch: Batch, index: int, claimed) -> None:
@@ -395,6 +396,34 @@ def test_a_batch_before_any_answer_is_estimated_by_its_max_tokens(running_batch,
     assert eta_seconds == pytest.approx(seconds)
 
 
+@pytest.mark.parametrize(("answered", "seconds"), [
+    (True, 10 * (1 + (8 + 0.5 * (60 - 20)) / 2) / 10),  # its own: cached tokens left out
+    (False, 10 * (1 + 20 * 0.5 + 0.5 * 30) / 10),  # as the model's finished batch took
+])
+def test_a_batch_s_prompt_tokens_cost_at_the_model_s_prompt_weight(running_batch, answered,
+                                                                   seconds):
+    """A request costs its output tokens plus its computed prompt tokens at the
+    model's prompt weight: its batch's own once some answered, else as the model's
+    finished batches took them (eta.prompt_prior) beside the answer-length prior."""
+    model = served_model().id
+    live_workers(1, model)
+    now = timezone.now()
+    done = running_batch(4, chunk_size=2)
+    Batch.objects.filter(id=done.id).update(
+        status=BatchStatus.COMPLETED, completed=4, usage_output_tokens=4 * 10,
+        usage_input_tokens=4 * 30, output_limit_mean=20, completed_at=now)
+    measured_at(now, model, rate=10, cost_per_request=101, prompt_weight=0.5)
+    batch = running_batch(10, chunk_size=5)
+    Batch.objects.filter(id=batch.id).update(output_limit_mean=20)
+    if answered:  # 2 answered (their chunks' counts not yet flushed: 10 left)
+        Batch.objects.filter(id=batch.id).update(completed=2, usage_output_tokens=8,
+                                                 usage_input_tokens=60, usage_cached_tokens=20)
+
+    estimates.estimates_refresh(now)
+
+    assert eta_of(batch, now) == pytest.approx(seconds)
+
+
 def test_a_batch_whose_work_all_runs_already_ends_with_its_running_chunks(running_batch):
     """Chunks in flight keep their worker whatever the shares: a batch with nothing
     left to dispatch ends when its last chunk closes on the worker holding it, not at
@@ -510,6 +539,62 @@ def test_progress_counts_the_requests_done_since_at_what_they_cost():
     at(15, (1, "m", "w0", True, 20, "a", 20, 40, t0, None),
        (2, "m", "w1", False, 5, "b", 10, 30, t0 + 11, t0 + 14))
     assert progress.rate("m") == pytest.approx((60 + 5 * 4) / (10 + 5 + 3))
+
+
+def test_progress_counts_prompt_tokens_at_the_weight_its_intervals_tell():
+    """Each request of batch a took 4 output tokens and 100 prompt tokens, each of
+    batch b 19 and 20: 30 s of a's 10 and 25 s of b's 10 on one worker fit a prompt
+    token at a quarter of an output token (B = 0.1 D + 0.025 P), and at that weight
+    the rate is 10 units a second in both intervals."""
+    progress, at, t0 = observed()
+
+    at(0, (1, "m", "w0", True, 0, "a", 0, 0, t0, None, 0))
+    at(30, (1, "m", "w0", False, 10, "a", 10, 40, t0, t0 + 30, 1000),
+       (2, "m", "w0", True, 0, "b", 0, 0, t0 + 30, None, 0))
+    assert progress.prompt_weight("m") is None  # one mix: a prompt token's worth is not told
+    at(55, (2, "m", "w0", False, 10, "b", 10, 190, t0 + 30, t0 + 55, 200))
+
+    assert progress.prompt_weight("m") == pytest.approx(0.25)
+    assert progress.rate("m", prompt_weight=0.25) == pytest.approx(10.0)
+    assert progress.rate("m") == pytest.approx((50 + 200) / 55)  # prompts uncounted
+    assert progress.prompt_weight("other") is None
+
+
+def _fit(*intervals: tuple[float, float, float]) -> float | None:
+    fit = estimates.PromptFit()
+    for decode, prompt, busy in intervals:
+        fit.add(5.0, decode, prompt, busy)
+    return fit.weight()
+
+
+@pytest.mark.parametrize(("intervals", "weight"), [
+    # busy = 0.1 per decode unit + 0.02 per prompt token, the mix varied: 0.2
+    ([(50, 1000, 25), (200, 200, 24), (100, 500, 20)], 0.2),
+    # the same mix throughout: any weight explains it, so none is said
+    ([(50, 1000, 25), (100, 2000, 50), (25, 500, 12.5)], None),
+    # no prompt tokens at all
+    ([(50, 0, 5), (100, 0, 10)], None),
+    # prompts that take less time than none: at least 0
+    ([(100, 100, 9), (100, 300, 8)], 0.0),
+    # prompt tokens dearer than output tokens: at most PROMPT_WEIGHT_MAX
+    ([(10, 100, 31), (100, 10, 13)], estimates.PROMPT_WEIGHT_MAX),
+    # nothing yet
+    ([], None),
+])
+def test_the_prompt_fit_tells_a_prompt_token_s_worth_only_when_the_mixes_differ(intervals,
+                                                                                weight):
+    assert _fit(*intervals) == (None if weight is None else pytest.approx(weight))
+
+
+def test_the_prompt_fit_follows_a_change_with_the_newer_intervals_weighing_more():
+    """Intervals PROMPT_HALF_LIFE apart weigh half as much: after a long run at one
+    weight, an hour at another has taken over."""
+    fit = estimates.PromptFit()
+    for decode, prompt in ((50, 1000), (200, 200)) * 10:  # at 0.5 (u = 0.1, v = 0.05)
+        fit.add(5.0, decode, prompt, 0.1 * decode + 0.05 * prompt)
+    for decode, prompt in ((50, 1000), (200, 200)) * 360:  # then at 0.1
+        fit.add(5.0, decode, prompt, 0.1 * decode + 0.01 * prompt)
+    assert fit.weight() == pytest.approx(0.1, abs=0.01)
 
 
 def test_the_rate_of_a_worker_running_chunks_side_by_side_counts_what_is_in_flight(
