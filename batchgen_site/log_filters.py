@@ -29,6 +29,23 @@ class ClientFaultsAsWarnings(logging.Filter):
         return True
 
 
+class HandedBackWithoutTraceback(logging.Filter):
+    """A task that hands its message back to the broker unrun (raises Celery's
+    Reject with requeue: an inference worker stopping, paused by a full disk, or no
+    longer holding the message's model after a swap) did nothing wrong, and another
+    worker takes the message. Celery logs it as a WARNING with the Reject's
+    traceback, which says nothing and reads as a crash in the log (the fleet tests
+    hold every log to having none): it stays one WARNING line, without it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from celery.exceptions import Reject
+
+        if record.name == "celery.app.trace" and record.exc_info and isinstance(
+                record.exc_info[1], Reject):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
 # Celery's loggers of its INFO lines about a task: beat sending it, a worker receiving
 # it, the task succeeding.
 _TASK_LOGGERS = frozenset({"celery.beat", "celery.worker.strategy", "celery.app.trace"})

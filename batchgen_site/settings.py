@@ -221,6 +221,8 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "filters": {"client_faults_as_warnings": {
                     "()": "batchgen_site.log_filters.ClientFaultsAsWarnings"},
+                "handed_back_without_traceback": {
+                    "()": "batchgen_site.log_filters.HandedBackWithoutTraceback"},
                 "routine_ticks_at_debug": {
                     "()": "batchgen_site.log_filters.RoutineTicksAtDebug",
                     "tasks": ROUTINE_TICK_TASKS, "show": LOG_LEVEL == "DEBUG"},
@@ -231,6 +233,7 @@ LOGGING = {
                     "show": LOG_LEVEL == "DEBUG"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
                              "filters": ["client_faults_as_warnings",
+                                         "handed_back_without_traceback",
                                          "routine_ticks_at_debug", "broker_outage_once"]}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.db.backends": {"level": "WARNING"},

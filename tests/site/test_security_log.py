@@ -139,3 +139,36 @@ def test_the_ticks_show_as_debug_lines_when_debugging():
     lines = stream.getvalue().splitlines()
     assert len(lines) == 3, lines
     assert all(line.startswith("DEBUG celery.") for line in lines)
+
+
+def _traced(exc: Exception) -> None:
+    """Celery's tracer logging `exc` as the run of a chunk task ended by it."""
+    from billiard.einfo import ExceptionInfo
+    from celery import states
+    from celery.app.task import Context
+    from celery.app.trace import TraceInfo
+
+    from inference.tasks import run_chunk
+
+    request = Context(id="0e1648df", hostname="inference1@h", args=(7,), kwargs={})
+    try:
+        raise exc
+    except Exception:
+        TraceInfo(states.FAILURE, exc)._log_error(run_chunk, request, ExceptionInfo())
+
+
+def test_a_message_handed_back_to_the_broker_is_one_warning_without_traceback(console):
+    """A worker that no longer holds the model (or is stopping) rejects the message
+    with requeue: routine, so one WARNING line, no traceback for the fleet logs to
+    take for a crash. A task that fails keeps its traceback."""
+    from celery.exceptions import Reject
+
+    _traced(Reject("model not resident on this worker", requeue=True))
+    handed_back = console.getvalue()
+    _traced(RuntimeError("the engine failed to start"))
+    failed = console.getvalue()[len(handed_back):]
+
+    assert len(handed_back.splitlines()) == 1, handed_back
+    assert " WARNING celery.app.trace Task inference.run_chunk[0e1648df] " in handed_back
+    assert "model not resident on this worker" in handed_back
+    assert " ERROR celery.app.trace " in failed and "Traceback (most recent call last)" in failed
