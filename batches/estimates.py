@@ -11,7 +11,7 @@ and the workers played forward chunk by chunk from where every open chunk is now
 deadline policy dispatch applies (batches/deadlines.py). Its inputs, measured here:
 
 - one worker's rate, in cost units (a request plus its output tokens plus its
-  prompt tokens computed at the model's prompt weight, PromptFit) a second:
+  prompt tokens computed at the model's prompt weight, eta.PromptFit) a second:
   what the model's chunks did between refreshes (Progress: the requests done by the
   chunks running now, at the last refresh or closed since, each at what its
   batch's requests done since cost) over the last PROGRESS_SECONDS it had work,
@@ -85,59 +85,13 @@ MOVED_FRACTION = 0.01
 # by side (many slots) holds a good part of its work in.
 PROGRESS_SECONDS = 120.0
 PROGRESS_MIN = 10.0
-# A prompt token's worth, in output tokens, per model (PromptFit): over the progress
-# intervals of the last PROMPT_HALF_LIFE seconds or so, once the mix of prompt and
-# output in them has varied enough to tell the two apart (PROMPT_SPREAD_MIN), and at
-# most PROMPT_WEIGHT_MAX (prefill computes a prompt's tokens together; an output
-# token is a decode step of its own).
-PROMPT_HALF_LIFE = 600.0
-PROMPT_SPREAD_MIN = 0.05
-PROMPT_WEIGHT_MAX = 1.0
-
-
-@dataclass
-class PromptFit:
-    """What a prompt token costs against an output token on one model: the least
-    squares fit, through the origin, of each progress interval's busy
-    worker-seconds B over the decode units D its requests took (one a request plus
-    its output tokens) and the prompt tokens P they computed (cached ones left out),
-    B = u D + v P; a prompt token is worth v / u output tokens. Older intervals weigh
-    less (by half every PROMPT_HALF_LIFE seconds). No answer while the intervals
-    hold D and P in about the same proportion (their series' 1 - cos² under
-    PROMPT_SPREAD_MIN): then any weight explains them as well, and none is said."""
-
-    dd: float = 0.0
-    dp: float = 0.0
-    pp: float = 0.0
-    db: float = 0.0
-    pb: float = 0.0
-
-    def add(self, seconds: float, decode: float, prompt: float, busy: float) -> None:
-        keep = 0.5 ** (seconds / PROMPT_HALF_LIFE)
-        self.dd = self.dd * keep + decode * decode
-        self.dp = self.dp * keep + decode * prompt
-        self.pp = self.pp * keep + prompt * prompt
-        self.db = self.db * keep + decode * busy
-        self.pb = self.pb * keep + prompt * busy
-
-    def weight(self) -> float | None:
-        det = self.dd * self.pp - self.dp * self.dp
-        if self.dd <= 0 or self.pp <= 0 or det < PROMPT_SPREAD_MIN * self.dd * self.pp:
-            return None
-        per_decode = (self.db * self.pp - self.pb * self.dp) / det
-        per_prompt = (self.pb * self.dd - self.db * self.dp) / det
-        if per_decode <= 0:
-            return None
-        return min(max(per_prompt / per_decode, 0.0), PROMPT_WEIGHT_MAX)
-
-
 @dataclass
 class Progress:
     """What the refreshing process remembers of the running chunks from one refresh
     to the next: the requests each had done, what their batches had done, and per
     model the intervals it had work in, as (start, end, decode units done, prompt
     tokens computed, worker-seconds: how long each worker held one of its chunks in
-    it), and what a prompt token costs there (PromptFit). In memory: the control
+    it), and what a prompt token costs there (eta.PromptFit). In memory: the control
     worker refreshes, and one that starts afresh measures from the finished chunks
     until it has PROGRESS_MIN seconds of its own (and the stored prompt weight until
     it has fitted one)."""
@@ -149,7 +103,7 @@ class Progress:
     batches: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     spans: dict[str, deque[tuple[float, float, float, float, float]]] = field(
         default_factory=lambda: defaultdict(deque))
-    fits: dict[str, PromptFit] = field(default_factory=lambda: defaultdict(PromptFit))
+    fits: dict[str, eta.PromptFit] = field(default_factory=lambda: defaultdict(eta.PromptFit))
 
     def observe(self, now: datetime, rows: list[ChunkSeen]) -> None:
         """Take in the chunks running now, at the last refresh, or finished since. A
@@ -204,10 +158,10 @@ class Progress:
 
     def forget(self) -> None:
         self.at, self.done, self.batches = None, {}, {}
-        self.spans, self.fits = defaultdict(deque), defaultdict(PromptFit)
+        self.spans, self.fits = defaultdict(deque), defaultdict(eta.PromptFit)
 
     def prompt_weight(self, model: str) -> float | None:
-        """A prompt token's worth in output tokens on `model` (PromptFit); None
+        """A prompt token's worth in output tokens on `model` (eta.PromptFit); None
         until the intervals tell."""
         fit = self.fits.get(model)
         return fit.weight() if fit else None
@@ -283,7 +237,7 @@ def model_throughput_measure(*, model: str, live_workers: int, now: datetime,
     before any closed, the higher of the `early` progress (under PROGRESS_MIN
     seconds of it, after the engine's warm-up) and the running chunks' work so far
     over their time; the last stored one (scaled to the live workers) when none
-    finished yet (`stored`); None if never. A prompt token costs `prompt_weight` (PromptFit),
+    finished yet (`stored`); None if never. A prompt token costs `prompt_weight` (eta.PromptFit),
     stored with the rate so that every reader of it costs work alike."""
     rows = list(Chunk.objects.filter(model__in=_model_filter(model), status=ChunkStatus.DONE,
                                      claimed_at__isnull=False, finished_at__isnull=False)

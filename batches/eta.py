@@ -162,7 +162,7 @@ def request_cost(done: int, output_tokens: int, fallback: float = 1.0, prompt_to
                  prompt_weight: float = 0.0) -> float:
     """What one request of a batch costs, in cost units: one plus its output tokens
     plus its computed prompt tokens at `prompt_weight` (an output token's worth each:
-    the model's, learned, batches.estimates.PromptFit), the batch's own mean once
+    the model's, learned, PromptFit), the batch's own mean once
     some of it finished, else `fallback` (its model's)."""
     if done <= 0:
         return fallback
@@ -192,6 +192,65 @@ def prompt_prior(history: Sequence[tuple[float, float, int, float]]) -> float:
     prompt tokens per request fourth) mean, weighted by requests; 0 without any."""
     requests = sum(row[2] for row in history)
     return sum(row[2] * row[3] for row in history) / requests if requests > 0 else 0.0
+
+
+# A prompt token's worth, in output tokens, per model (PromptFit): over the progress
+# intervals of the last PROMPT_HALF_LIFE seconds or so, once the mix of prompt and
+# output in them has varied enough to tell the two apart (PROMPT_SPREAD_MIN) and the
+# fit's standard error is at most PROMPT_WEIGHT_ERROR, and at most PROMPT_WEIGHT_MAX
+# (prefill computes a prompt's tokens together; an output token is a decode step of
+# its own).
+PROMPT_HALF_LIFE = 600.0
+PROMPT_SPREAD_MIN = 0.05
+PROMPT_WEIGHT_ERROR = 0.1
+PROMPT_WEIGHT_MAX = 1.0
+
+
+@dataclass
+class PromptFit:
+    """What a prompt token costs against an output token on one model: the least
+    squares fit, through the origin, of each progress interval's busy
+    worker-seconds B over the decode units D its requests took (one a request plus
+    its output tokens) and the prompt tokens P they computed (cached ones left out),
+    B = u D + v P; a prompt token is worth v / u output tokens. Older intervals weigh
+    less (by half every PROMPT_HALF_LIFE seconds).
+
+    No answer until the intervals tell it: not while they hold D and P in about the
+    same proportion (their series' 1 - cos² under PROMPT_SPREAD_MIN: any weight
+    explains them as well), nor while v's standard error is over
+    PROMPT_WEIGHT_ERROR output tokens' worth (a few noisy intervals: on the real
+    engine the first minute's read 0.43, the next ten minutes' 0 to 0.05)."""
+
+    dd: float = 0.0
+    dp: float = 0.0
+    pp: float = 0.0
+    db: float = 0.0
+    pb: float = 0.0
+    bb: float = 0.0
+    n: float = 0.0  # intervals, as weighed
+
+    def add(self, seconds: float, decode: float, prompt: float, busy: float) -> None:
+        keep = 0.5 ** (seconds / PROMPT_HALF_LIFE)
+        for name, value in (("dd", decode * decode), ("dp", decode * prompt),
+                            ("pp", prompt * prompt), ("db", decode * busy),
+                            ("pb", prompt * busy), ("bb", busy * busy), ("n", 1.0)):
+            setattr(self, name, getattr(self, name) * keep + value)
+
+    def weight(self) -> float | None:
+        det = self.dd * self.pp - self.dp * self.dp
+        if self.n <= 2 or self.dd <= 0 or self.pp <= 0 or \
+                det < PROMPT_SPREAD_MIN * self.dd * self.pp:
+            return None
+        u = (self.db * self.pp - self.pb * self.dp) / det
+        v = (self.pb * self.dd - self.db * self.dp) / det
+        if u <= 0:
+            return None
+        squares = (self.bb - 2 * u * self.db - 2 * v * self.pb + u * u * self.dd
+                   + 2 * u * v * self.dp + v * v * self.pp)
+        error = math.sqrt(max(squares, 0.0) / (self.n - 2) * self.dd / det) / u
+        if error > PROMPT_WEIGHT_ERROR:
+            return None
+        return min(max(v / u, 0.0), PROMPT_WEIGHT_MAX)
 
 
 def busy_seconds(intervals: Sequence[tuple[float, float]]) -> float:

@@ -9,9 +9,11 @@ import pytest
 
 from batches.deadlines import at_risk, deadline_shares, late
 from batches.eta import (
+    PROMPT_WEIGHT_MAX,
     Dispatch,
     Held,
     Load,
+    PromptFit,
     answer_prior,
     busy_seconds,
     chunk_finish_times,
@@ -314,3 +316,44 @@ def test_the_chunk_play_is_the_fluid_play_for_many_chunks():
     fluid = finish_times(loads, rate=4.0, worker_rate=1.0)
     assert chunked == pytest.approx(fluid, rel=0.01)
     assert play([], pending={"a": (1, 1)}) == {"a": float("inf")}  # nobody to run it
+
+
+def _fit(*intervals: tuple[float, float, float]) -> float | None:
+    fit = PromptFit()
+    for decode, prompt, busy in intervals:
+        fit.add(5.0, decode, prompt, busy)
+    return fit.weight()
+
+
+@pytest.mark.parametrize(("intervals", "weight"), [
+    # busy = 0.1 per decode unit + 0.02 per prompt token, the mix varied: 0.2
+    ([(50, 1000, 25), (200, 200, 24), (100, 500, 20)], 0.2),
+    # the same mix throughout: any weight explains it, so none is said
+    ([(50, 1000, 25), (100, 2000, 50), (25, 500, 12.5)], None),
+    # no prompt tokens at all
+    ([(50, 0, 5), (100, 0, 10)], None),
+    # prompts that take less time than none: at least 0
+    ([(100, 100, 9), (100, 300, 8), (100, 200, 8.5)], 0.0),
+    # prompt tokens dearer than output tokens: at most PROMPT_WEIGHT_MAX
+    ([(10, 100, 31), (100, 10, 13), (50, 50, 20)], PROMPT_WEIGHT_MAX),
+    # nothing yet, or too little to tell
+    ([], None),
+    ([(50, 1000, 25), (200, 200, 24)], None),
+    # a worker busy throughout while what it finished came in bursts: 0.48 give or
+    # take 0.24 is not told
+    ([(100, 900, 5), (300, 1200, 5), (50, 800, 5), (200, 500, 5), (150, 1500, 5)], None),
+])
+def test_the_prompt_fit_tells_a_prompt_token_s_worth_only_when_the_mixes_differ(intervals,
+                                                                                weight):
+    assert _fit(*intervals) == (None if weight is None else pytest.approx(weight))
+
+
+def test_the_prompt_fit_follows_a_change_with_the_newer_intervals_weighing_more():
+    """Intervals PROMPT_HALF_LIFE apart weigh half as much: after a long run at one
+    weight, an hour at another has taken over."""
+    fit = PromptFit()
+    for decode, prompt in ((50, 1000), (200, 200)) * 10:  # at 0.5 (u = 0.1, v = 0.05)
+        fit.add(5.0, decode, prompt, 0.1 * decode + 0.05 * prompt)
+    for decode, prompt in ((50, 1000), (200, 200)) * 360:  # then at 0.1
+        fit.add(5.0, decode, prompt, 0.1 * decode + 0.01 * prompt)
+    assert fit.weight() == pytest.approx(0.1, abs=0.01)

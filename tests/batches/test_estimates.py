@@ -543,58 +543,23 @@ def test_progress_counts_the_requests_done_since_at_what_they_cost():
 
 def test_progress_counts_prompt_tokens_at_the_weight_its_intervals_tell():
     """Each request of batch a took 4 output tokens and 100 prompt tokens, each of
-    batch b 19 and 20: 30 s of a's 10 and 25 s of b's 10 on one worker fit a prompt
-    token at a quarter of an output token (B = 0.1 D + 0.025 P), and at that weight
-    the rate is 10 units a second in both intervals."""
+    batch b 19 and 20: 30 s of a's 10, 25 s of b's 10 and 30 s of a's next 10 on one
+    worker fit a prompt token at a quarter of an output token (B = 0.1 D + 0.025 P),
+    and at that weight the rate is 10 units a second in every interval."""
     progress, at, t0 = observed()
 
     at(0, (1, "m", "w0", True, 0, "a", 0, 0, t0, None, 0))
     at(30, (1, "m", "w0", False, 10, "a", 10, 40, t0, t0 + 30, 1000),
        (2, "m", "w0", True, 0, "b", 0, 0, t0 + 30, None, 0))
     assert progress.prompt_weight("m") is None  # one mix: a prompt token's worth is not told
-    at(55, (2, "m", "w0", False, 10, "b", 10, 190, t0 + 30, t0 + 55, 200))
+    at(55, (2, "m", "w0", False, 10, "b", 10, 190, t0 + 30, t0 + 55, 200),
+       (3, "m", "w0", True, 0, "a", 10, 40, t0 + 55, None, 1000))
+    at(85, (3, "m", "w0", False, 10, "a", 20, 80, t0 + 55, t0 + 85, 2000))
 
     assert progress.prompt_weight("m") == pytest.approx(0.25)
     assert progress.rate("m", prompt_weight=0.25) == pytest.approx(10.0)
-    assert progress.rate("m") == pytest.approx((50 + 200) / 55)  # prompts uncounted
+    assert progress.rate("m") == pytest.approx((50 + 200 + 50) / 85)  # prompts uncounted
     assert progress.prompt_weight("other") is None
-
-
-def _fit(*intervals: tuple[float, float, float]) -> float | None:
-    fit = estimates.PromptFit()
-    for decode, prompt, busy in intervals:
-        fit.add(5.0, decode, prompt, busy)
-    return fit.weight()
-
-
-@pytest.mark.parametrize(("intervals", "weight"), [
-    # busy = 0.1 per decode unit + 0.02 per prompt token, the mix varied: 0.2
-    ([(50, 1000, 25), (200, 200, 24), (100, 500, 20)], 0.2),
-    # the same mix throughout: any weight explains it, so none is said
-    ([(50, 1000, 25), (100, 2000, 50), (25, 500, 12.5)], None),
-    # no prompt tokens at all
-    ([(50, 0, 5), (100, 0, 10)], None),
-    # prompts that take less time than none: at least 0
-    ([(100, 100, 9), (100, 300, 8)], 0.0),
-    # prompt tokens dearer than output tokens: at most PROMPT_WEIGHT_MAX
-    ([(10, 100, 31), (100, 10, 13)], estimates.PROMPT_WEIGHT_MAX),
-    # nothing yet
-    ([], None),
-])
-def test_the_prompt_fit_tells_a_prompt_token_s_worth_only_when_the_mixes_differ(intervals,
-                                                                                weight):
-    assert _fit(*intervals) == (None if weight is None else pytest.approx(weight))
-
-
-def test_the_prompt_fit_follows_a_change_with_the_newer_intervals_weighing_more():
-    """Intervals PROMPT_HALF_LIFE apart weigh half as much: after a long run at one
-    weight, an hour at another has taken over."""
-    fit = estimates.PromptFit()
-    for decode, prompt in ((50, 1000), (200, 200)) * 10:  # at 0.5 (u = 0.1, v = 0.05)
-        fit.add(5.0, decode, prompt, 0.1 * decode + 0.05 * prompt)
-    for decode, prompt in ((50, 1000), (200, 200)) * 360:  # then at 0.1
-        fit.add(5.0, decode, prompt, 0.1 * decode + 0.01 * prompt)
-    assert fit.weight() == pytest.approx(0.1, abs=0.01)
 
 
 def test_the_rate_of_a_worker_running_chunks_side_by_side_counts_what_is_in_flight(
