@@ -118,6 +118,12 @@ class Fleet:
         if self.connection is not None:
             self.connection.close()
         self.server.stop()
+        log = self.server.log_path
+        said = [line for line in (log.read_text(errors="replace").splitlines() if log else [])
+                if " WARNING " in line or " ERROR " in line]
+        if said:  # the scratch directory goes with the run: what the server warned of stays
+            print(f"the server's log held {len(said)} WARNING or ERROR lines; the first:",
+                  *said[:5], sep="\n  ", flush=True)
         self.vhost.delete()
         self.drop()
 
@@ -161,27 +167,40 @@ def start_fleet(work: Path, args, *, policy: bool, port: int, name: str,
 
 
 class Client:
+    """A key's client. A 503 (the server's database or workers busy) is tried again
+    after its Retry-After, as the openai SDK does, and counted (`busy`)."""
+
+    TRIES = 5
+
     def __init__(self, base_url: str, key: str) -> None:
         self.http = httpx.Client(base_url=base_url, timeout=120,
                                  headers={"Authorization": f"Bearer {key}"})
+        self.busy = 0
+
+    def send(self, method: str, path: str, **kwargs) -> httpx.Response:
+        for _ in range(self.TRIES - 1):
+            answer = self.http.request(method, path, **kwargs)
+            if answer.status_code != 503:
+                break
+            self.busy += 1
+            print(f"{method} {path}: 503 {answer.text[:200]}", flush=True)
+            time.sleep(float(answer.headers.get("Retry-After", "1")))
+        else:
+            answer = self.http.request(method, path, **kwargs)
+        answer.raise_for_status()
+        return answer
 
     def upload(self, content: bytes) -> str:
-        answer = self.http.post("/v1/files", files={"file": ("in.jsonl", content)},
-                                data={"purpose": "batch"})
-        answer.raise_for_status()
-        return answer.json()["id"]
+        return self.send("POST", "/v1/files", files={"file": ("in.jsonl", content)},
+                         data={"purpose": "batch"}).json()["id"]
 
     def create(self, file_id: str, window: str = "24h") -> dict:
-        answer = self.http.post("/v1/batches", json={
+        return self.send("POST", "/v1/batches", json={
             "input_file_id": file_id, "endpoint": "/v1/chat/completions",
-            "completion_window": window})
-        answer.raise_for_status()
-        return answer.json()
+            "completion_window": window}).json()
 
     def batches(self) -> list[dict]:
-        answer = self.http.get("/v1/batches", params={"limit": 100})
-        answer.raise_for_status()
-        return answer.json()["data"]
+        return self.send("GET", "/v1/batches", params={"limit": 100}).json()["data"]
 
 
 def lines(rng: random.Random, count: int, prefix: str, kind: int) -> bytes:
