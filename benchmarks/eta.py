@@ -4,7 +4,7 @@
 RabbitMQ virtual host, the simulated engine with a time per token
 (BATCHGEN_SIM_TOKEN_LATENCY_MS; answers of varied lengths, engine_args
 answer_tokens, each cut at its line's max_tokens; prompt tokens at 1/20 of an output
-token, which the estimator never sees), several API keys. Every figure is read over
+token, which the estimator learns, eta.PromptFit), several API keys. Every figure is read over
 HTTP as a client would: each key's batch list polled every second.
 
 Accuracy: `--batches` batches of 50 to `--largest` requests (log-uniform), each of
@@ -120,7 +120,8 @@ class Fleet:
         self.server.stop()
         log = self.server.log_path
         said = [line for line in (log.read_text(errors="replace").splitlines() if log else [])
-                if " WARNING " in line or " ERROR " in line]
+                if (" WARNING " in line or " ERROR " in line)
+                and "Service Unavailable: /health" not in line]  # starting
         if said:  # the scratch directory goes with the run: what the server warned of stays
             print(f"the server's log held {len(said)} WARNING or ERROR lines; the first:",
                   *said[:5], sep="\n  ", flush=True)
