@@ -85,6 +85,8 @@ MOVED_FRACTION = 0.01
 # by side (many slots) holds a good part of its work in.
 PROGRESS_SECONDS = 120.0
 PROGRESS_MIN = 10.0
+
+
 @dataclass
 class Progress:
     """What the refreshing process remembers of the running chunks from one refresh
@@ -237,8 +239,9 @@ def model_throughput_measure(*, model: str, live_workers: int, now: datetime,
     before any closed, the higher of the `early` progress (under PROGRESS_MIN
     seconds of it, after the engine's warm-up) and the running chunks' work so far
     over their time; the last stored one (scaled to the live workers) when none
-    finished yet (`stored`); None if never. A prompt token costs `prompt_weight` (eta.PromptFit),
-    stored with the rate so that every reader of it costs work alike."""
+    finished yet (`stored`); None if never. A prompt token costs `prompt_weight`
+    (eta.PromptFit), stored with the rate so that every reader of it costs work
+    alike."""
     rows = list(Chunk.objects.filter(model__in=_model_filter(model), status=ChunkStatus.DONE,
                                      claimed_at__isnull=False, finished_at__isnull=False)
                 .order_by("-finished_at")
