@@ -162,8 +162,8 @@ def request_cost(done: int, output_tokens: int, fallback: float = 1.0, prompt_to
                  prompt_weight: float = 0.0) -> float:
     """What one request of a batch costs, in cost units: one plus its output tokens
     plus its computed prompt tokens at `prompt_weight` (an output token's worth each:
-    the model's, learned, PromptFit), the batch's own mean once
-    some of it finished, else `fallback` (its model's)."""
+    the model's, learned, PromptFit), the batch's own mean once some of it finished,
+    else `fallback` (its model's)."""
     if done <= 0:
         return fallback
     return 1.0 + (output_tokens + prompt_weight * prompt_tokens) / done

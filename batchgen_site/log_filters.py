@@ -38,10 +38,11 @@ class HandedBackWithoutTraceback(logging.Filter):
     hold every log to having none): it stays one WARNING line, without it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.name != "celery.app.trace" or not record.exc_info:
+            return True  # every other record, the web process's included: no import
         from celery.exceptions import Reject
 
-        if record.name == "celery.app.trace" and record.exc_info and isinstance(
-                record.exc_info[1], Reject):
+        if isinstance(record.exc_info[1], Reject):
             record.exc_info, record.exc_text = None, None
         return True
 

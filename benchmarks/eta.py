@@ -169,21 +169,19 @@ def start_fleet(work: Path, args, *, policy: bool, port: int, name: str,
 
 class Client:
     """A key's client. A 503 (the server's database or workers busy) is tried again
-    after its Retry-After, as the openai SDK does, and counted (`busy`)."""
+    after its Retry-After, as the openai SDK does, and printed."""
 
     TRIES = 5
 
     def __init__(self, base_url: str, key: str) -> None:
         self.http = httpx.Client(base_url=base_url, timeout=120,
                                  headers={"Authorization": f"Bearer {key}"})
-        self.busy = 0
 
     def send(self, method: str, path: str, **kwargs) -> httpx.Response:
         for _ in range(self.TRIES - 1):
             answer = self.http.request(method, path, **kwargs)
             if answer.status_code != 503:
                 break
-            self.busy += 1
             print(f"{method} {path}: 503 {answer.text[:200]}", flush=True)
             time.sleep(float(answer.headers.get("Retry-After", "1")))
         else:
