@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict, deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -106,11 +105,15 @@ class Progress:
     spans: dict[str, deque[tuple[float, float, float, float, float]]] = field(
         default_factory=lambda: defaultdict(deque))
     fits: dict[str, eta.PromptFit] = field(default_factory=lambda: defaultdict(eta.PromptFit))
+    # Each live worker's model and work so far at the last refresh (`fit_work`).
+    workers: dict[str, tuple[str, fleet_selectors.WorkerWork]] = field(default_factory=dict)
 
-    def observe(self, now: datetime, rows: list[ChunkSeen]) -> None:
-        """Take in the chunks running now, at the last refresh, or finished since. A
-        model's first intervals without progress (an engine warming up) are not its
-        rate."""
+    def observe(self, now: datetime, rows: list[ChunkSeen],
+                figures: dict[str, dict[str, fleet_selectors.WorkerWork]] | None = None
+                ) -> None:
+        """Take in the chunks running now, at the last refresh, or finished since,
+        and the live workers' work `figures` (fit_work). A model's first intervals without
+        progress (an engine warming up) are not its rate."""
         work: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # decode, prompt
         held: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(
             lambda: defaultdict(list))
@@ -132,7 +135,9 @@ class Progress:
                 if spans or decode > 0:
                     busy = sum(eta.busy_seconds(intervals) for intervals in workers.values())
                     spans.append((start, end, decode, prompt, busy))
-                    self.fits[model].add(end - start, decode, prompt, busy)
+            self.fit_work(end - start, figures or {})
+        self.workers = {worker: (model, seen) for model, workers in (figures or {}).items()
+                        for worker, seen in workers.items()}
         self.done = {row.chunk: row.done for row in rows if row.running}
         self.batches = {row.batch: (row.batch_done, row.batch_tokens, row.batch_prompt)
                         for row in rows}
@@ -158,8 +163,35 @@ class Progress:
                              row.batch_done, row.batch_prompt))
         return found
 
+    def fit_work(self, seconds: float,
+                 work: dict[str, dict[str, fleet_selectors.WorkerWork]]) -> None:
+        """What a prompt token costs on each model (eta.PromptFit), from what its
+        live workers say they did since the last refresh: the seconds they were busy,
+        the decode units (a request plus each token generated) and the prompt tokens
+        computed, summed over the model's workers. A worker new since then, or
+        that changed model (a swap) or started its figures afresh, is left out this
+        once. Its own figures, not the chunks' requests done: an engine that tells
+        its work step by step (vLLM) gives the work when it is done, where answers
+        come back in waves a request's time after it (with 64 slots on the real
+        engine, that lag read a prompt token at a fifth of its cost)."""
+        total: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+        for model, workers in work.items():
+            for worker, now in workers.items():
+                seen = self.workers.get(worker)
+                if seen is None or seen[0] != model:
+                    continue
+                busy, requests, prompt, output = (a - b for a, b in zip(
+                    now[1:], seen[1][1:], strict=True))
+                if busy > 0 and min(requests, prompt, output) >= 0:
+                    sums = total[model]
+                    sums[0], sums[1], sums[2] = (sums[0] + busy, sums[1] + requests + output,
+                                                 sums[2] + prompt)
+        for model, (busy, decode, prompt) in total.items():
+            if decode > 0:
+                self.fits[model].add(seconds, decode, prompt, busy)
+
     def forget(self) -> None:
-        self.at, self.done, self.batches = None, {}, {}
+        self.at, self.done, self.batches, self.workers = None, {}, {}, {}
         self.spans, self.fits = defaultdict(deque), defaultdict(eta.PromptFit)
 
     def prompt_weight(self, model: str) -> float | None:
@@ -211,9 +243,12 @@ PROGRESS = Progress()
 PROMPT_COMPUTED = F("batch__usage_input_tokens") - F("batch__usage_cached_tokens")
 
 
-def progress_observe(now: datetime, models: Iterable[str]) -> None:
-    """One refresh's look at the chunks of `models` (those with live workers)
-    running now or finished since the last, and at those running at the last."""
+def progress_observe(now: datetime,
+                     work: dict[str, dict[str, fleet_selectors.WorkerWork]]) -> None:
+    """One refresh's look at the chunks of the models of `work` (those with live
+    workers) running now or finished since the last, at those running at the last,
+    and at the workers' work (Progress.fit_work)."""
+    models = list(work)
     seen = Q(status=ChunkStatus.RUNNING) | Q(id__in=list(PROGRESS.done))
     if PROGRESS.at is not None:
         seen |= Q(model__in=[name for model in models for name in _model_filter(model)],
@@ -227,7 +262,7 @@ def progress_observe(now: datetime, models: Iterable[str]) -> None:
                   done + failed, batch_id, batch_done + batch_failed, tokens,
                   claimed and claimed.timestamp(), finished and finished.timestamp(), prompt)
         for chunk_id, model, worker, status, done, failed, batch_id, batch_done, batch_failed,
-        tokens, claimed, finished, prompt in rows])
+        tokens, claimed, finished, prompt in rows], work)
 
 
 def model_throughput_measure(*, model: str, live_workers: int, now: datetime,
@@ -383,8 +418,10 @@ def estimates_refresh(now: datetime | None = None) -> int:
     batches = {row[0]: row for row in Batch.objects.filter(status=BatchStatus.IN_PROGRESS)
                .values_list(*COLUMNS)}
     histories = {model: answer_history(model) for model in {row[11] for row in batches.values()}}
-    slots = fleet_selectors.live_worker_slots()
-    progress_observe(now, slots)
+    work = fleet_selectors.live_worker_work()
+    slots = {model: {worker: figures.slots for worker, figures in workers.items()}
+             for model, workers in work.items()}
+    progress_observe(now, work)
     finish: dict[str, float | None] = {}
     risky: set[str] = set()
     stored = {row.model: row for row in ModelThroughput.objects.all()}

@@ -40,6 +40,7 @@ import argparse
 import json
 import math
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -329,6 +330,8 @@ def accuracy(work: Path, args, root: Path = ROOT, label: str = "this") -> dict:
         chunk_log = fleet.chunk_log() if args.trace else []
     finally:
         fleet.stop()
+        if args.trace and fleet.server.log_path:  # the engine's stats lines, kept
+            shutil.copy(fleet.server.log_path, f"{args.trace}-{label}.log")
     found, detail, settled = errors(list(watched.values()))
     if args.trace:  # every reading, for a closer look: (seconds since create, done, total, ETA)
         Path(f"{args.trace}-{label}.json").write_text(json.dumps(
@@ -433,7 +436,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--port", type=int, default=12100)
     parser.add_argument("--results", default="eta")
-    parser.add_argument("--trace", help="write every reading to TRACE-LABEL.json")
+    parser.add_argument("--trace", help="write every reading to TRACE-LABEL.json, the "
+                                        "server's log to TRACE-LABEL.log")
     parser.add_argument("--baseline", type=Path,
                         help="another checkout (a worktree of an older commit) whose server "
                              "runs the same accuracy workload first, side by side")

@@ -9,6 +9,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db.models import Count, Max, QuerySet
@@ -55,6 +56,29 @@ def live_worker_slots() -> dict[str, dict[str, int]]:
     found: dict[str, dict[str, int]] = defaultdict(dict)
     for model, name, capacity in live_workers().values_list("model", "name", "slots_capacity"):
         found[model][name] = capacity
+    return found
+
+
+class WorkerWork(NamedTuple):
+    """A live worker as the ETA's refresh reads it: its slots and its engines' work
+    so far (Worker.busy_seconds and the counts beside it)."""
+
+    slots: int
+    busy: float  # seconds it held at least one request
+    requests: int  # done or failed
+    prompt: int  # prompt tokens computed
+    output: int  # tokens generated
+
+
+def live_worker_work() -> dict[str, dict[str, WorkerWork]]:
+    """Each model's live workers, their slots and their work so far:
+    {model: {worker: WorkerWork}}, in one query."""
+    found: dict[str, dict[str, WorkerWork]] = defaultdict(dict)
+    for model, name, capacity, busy, done, failed, prompt, output in (
+            live_workers().values_list("model", "name", "slots_capacity", "busy_seconds",
+                                       "requests_completed", "requests_failed",
+                                       "prompt_tokens_computed", "tokens_computed")):
+        found[model][name] = WorkerWork(capacity, busy, done + failed, prompt, output)
     return found
 
 

@@ -20,9 +20,11 @@ def worker_heartbeat(*, name: str, hostname: str, engine: str, model: str, capac
                      active: int, tokens_active: int, token_budget: int | None, ready: bool,
                      completed: int, failed: int, tokens: int, storage_error: str = "",
                      held_chunks: list[int] | None = None,
-                     admission: dict | None = None, max_context_length: int = 0) -> None:
+                     admission: dict | None = None, max_context_length: int = 0,
+                     work: tuple[float, int, int] = (0.0, 0, 0)) -> None:
     """Record a worker's liveness, slots and counters, the chunks it holds, its
-    engine's adaptive concurrency and context (its own row only)."""
+    engine's adaptive concurrency and context, and its engines' `work` (seconds busy,
+    prompt tokens computed, tokens generated) (its own row only)."""
     Worker.objects.update_or_create(
         name=name,
         defaults={"hostname": hostname, "pid": os.getpid(), "engine": engine, "model": model,
@@ -31,7 +33,8 @@ def worker_heartbeat(*, name: str, hostname: str, engine: str, model: str, capac
                   "requests_completed": completed, "requests_failed": failed,
                   "tokens_generated": tokens, "storage_error": storage_error,
                   "held_chunks": sorted(held_chunks or ()), "admission": admission,
-                  "max_context_length": max_context_length,
+                  "max_context_length": max_context_length, "busy_seconds": work[0],
+                  "prompt_tokens_computed": work[1], "tokens_computed": work[2],
                   "heartbeat_at": timezone.now(), "stopped_at": None},
     )
 

@@ -111,6 +111,7 @@ class EngineHost:
             self.engine_lost(error, "failed to start")
         else:
             self._admission()
+            self._count_work()
         self.state.ready.set()
 
     def replace(self, model_id: str) -> float:
@@ -145,6 +146,7 @@ class EngineHost:
             raise
         self.engine = engine
         self._admission()
+        self._count_work()
         return stopped
 
     def _put_away(self, engine: Engine, config: EngineConfig) -> None:
@@ -164,6 +166,14 @@ class EngineHost:
     def on_loop(self, coroutine, *, timeout: float | None = SHUTDOWN_SECONDS):
         """Run `coroutine` on the engine loop and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def _count_work(self) -> None:
+        """The worker's work figures (WorkerState.add_work) step by step from an
+        engine that tells them, else from each answer."""
+        engine = self.engine
+        self.state.work_from_engine = engine.reports_work
+        if engine.reports_work:
+            engine.work_listener = self.state.add_work
 
     def _admission(self) -> None:
         """How this worker admits requests into its engine (inference/slots.py): from

@@ -45,6 +45,7 @@ class Heartbeat:
             token_budget=slots.token_budget,
             ready=state.ready.is_set() and not state.going_away(),
             completed=state.completed, failed=state.failed_requests, tokens=state.tokens,
+            work=(slots.busy_seconds, state.prompt_tokens_computed, state.tokens_computed),
             storage_error=state.storage_error, held_chunks=self.held_chunk_ids(),
             admission=None if engines.engine is None else engines.engine.admission,
             max_context_length=(engines.engine.max_context_length

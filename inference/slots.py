@@ -30,6 +30,7 @@ wakes the chunk whose turn it is (`wake` of the waiter)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -91,6 +92,8 @@ class SlotPool:
         self.capacity = capacity
         self.token_budget = token_budget
         self._active = 0
+        self._busy = 0.0  # seconds with a request in hand, up to _since
+        self._since: float | None = None  # monotonic: since when one is (None: idle)
         self._tokens = 0
         self._prefixes: dict[int, list[int]] = {}  # key -> [requests holding it, tokens]
         # Admission from the engine's figures (follow_engine): requests it last said
@@ -112,6 +115,14 @@ class SlotPool:
     @property
     def active(self) -> int:
         return self._active
+
+    @property
+    def busy_seconds(self) -> float:
+        """Seconds this pool held at least one request: its engine's working time,
+        against which the ETA's cost fit sets the work done (WorkerState's figures)."""
+        with self._cond:
+            since = self._since
+            return self._busy + (time.monotonic() - since if since is not None else 0.0)
 
     @property
     def free(self) -> int:
@@ -164,6 +175,8 @@ class SlotPool:
 
     def _take(self, cost: Cost) -> None:
         self._tokens += self._charge(cost)
+        if not self._active:
+            self._since = time.monotonic()
         self._active += 1
         if cost.shared:
             held = self._prefixes.setdefault(cost.prefix, [0, cost.shared])
@@ -173,6 +186,9 @@ class SlotPool:
         if self._active <= 0:
             raise RuntimeError("slot released more often than acquired")
         self._active -= 1
+        if not self._active and self._since is not None:
+            self._busy += time.monotonic() - self._since
+            self._since = None
         held = self._prefixes.get(cost.prefix) if cost.shared else None
         if held is None:
             self._tokens -= cost.tokens

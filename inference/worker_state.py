@@ -34,6 +34,13 @@ class WorkerState:
     completed: int = 0  # requests this worker ran, as the heartbeat shows them
     failed_requests: int = 0
     tokens: int = 0
+    # The work its engines did, as the heartbeat shows it for the ETA's cost fit
+    # (batches/estimates.py): prompt tokens computed and tokens generated, told step
+    # by step by an engine that reports its work (add_work), else counted from each
+    # answer as it comes back (prompt tokens then include prefix-cache hits).
+    prompt_tokens_computed: int = 0
+    tokens_computed: int = 0
+    work_from_engine: bool = False
     _stats_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -47,6 +54,15 @@ class WorkerState:
             else:
                 self.failed_requests += 1
             self.tokens += result.completion_tokens
+            if not self.work_from_engine:
+                self.prompt_tokens_computed += result.prompt_tokens
+                self.tokens_computed += result.completion_tokens
+
+    def add_work(self, prompt_tokens: int, output_tokens: int) -> None:
+        """An engine step's work, from an engine that reports it (Engine.reports_work)."""
+        with self._stats_lock:
+            self.prompt_tokens_computed += prompt_tokens
+            self.tokens_computed += output_tokens
 
     def switch_queue(self) -> None:
         """Consume this worker's queue, or not, as its storage and swap now say."""

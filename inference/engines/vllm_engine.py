@@ -95,9 +95,10 @@ NOT_GENERATIVE = "model {!r} is an embedding model: it serves embeddings only"
 
 class _LoadReporter(StatLoggerBase):
     """A vLLM stat logger that hands each step's scheduler figures (running and
-    waiting requests, KV-cache usage) to the engine, which tells the worker: the
-    figures `vllm serve` logs and exports, read as they arrive instead of estimated.
-    One per engine core (data parallel: one per rank)."""
+    waiting requests, KV-cache usage) and its work (prompt tokens computed, tokens
+    generated) to the engine, which tells the worker: the figures `vllm serve` logs
+    and exports, read as they arrive instead of estimated. One per engine core (data
+    parallel: one per rank)."""
 
     def __init__(self, engine: VllmEngine, engine_index: int) -> None:
         self.engine = engine
@@ -107,6 +108,9 @@ class _LoadReporter(StatLoggerBase):
                engine_idx: int = 0) -> None:
         if scheduler_stats is not None:
             self.engine._core_load(self.engine_index, scheduler_stats)
+        if iteration_stats is not None:
+            self.engine.report_work(iteration_stats.prompt_token_stats.computed,
+                                    iteration_stats.num_generation_tokens)
 
     def log_engine_initialized(self) -> None:
         pass
@@ -158,6 +162,11 @@ class VllmEngine(Engine):
             return None
         config = self._llm.vllm_config
         return config.scheduler_config.max_num_seqs * config.parallel_config.data_parallel_size
+
+    @property
+    def reports_work(self) -> bool:
+        """As it reports its load: after every step."""
+        return self.max_running is not None
 
     def _core_load(self, engine_index: int, stats) -> None:
         """On the engine loop, after each step of an engine core."""

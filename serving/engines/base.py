@@ -123,6 +123,9 @@ class Engine(abc.ABC):
         # Called (on the engine loop) with every load the engine reports, if it
         # reports any (max_running is not None); the worker admits from it.
         self.load_listener: Callable[[EngineLoad], None] | None = None
+        # Called (on the engine loop) with the prompt tokens each step computed and
+        # the tokens it generated, if the engine tells them (reports_work).
+        self.work_listener: Callable[[int, int], None] | None = None
 
     @property
     @abc.abstractmethod
@@ -148,6 +151,21 @@ class Engine(abc.ABC):
         """How the engine bounds its own requests in flight (adaptive concurrency), as
         the worker's heartbeat reports it; None when it does not."""
         return None
+
+    @property
+    def reports_work(self) -> bool:
+        """Whether the engine tells its work step by step as it does it (calls
+        `work_listener`): the prompt tokens it prefills (prefix-cache hits left out)
+        and the tokens it generates. Else the worker counts each request's work when
+        its answer comes back, which on an engine running many requests side by side
+        lags the work by a request's time (the ETA's prompt cost fit,
+        batches/estimates.py, reads these figures)."""
+        return False
+
+    def report_work(self, prompt_tokens: int, output_tokens: int) -> None:
+        listener = self.work_listener
+        if listener is not None:
+            listener(prompt_tokens, output_tokens)
 
     def report_load(self, load: EngineLoad) -> None:
         listener = self.load_listener

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from batches import chunks, dispatch, estimates
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, ModelThroughput
+from fleet import selectors as fleet_selectors
 from fleet.models import Worker
 from serving.model_info import served_model
 from tests.concurrency import require_concurrent_database, run_together
@@ -541,24 +542,52 @@ def test_progress_counts_the_requests_done_since_at_what_they_cost():
     assert progress.rate("m") == pytest.approx((60 + 5 * 4) / (10 + 5 + 3))
 
 
-def test_progress_counts_prompt_tokens_at_the_weight_its_intervals_tell():
+def test_progress_counts_prompt_tokens_at_the_weight_given():
     """Each request of batch a took 4 output tokens and 100 prompt tokens, each of
     batch b 19 and 20: 30 s of a's 10, 25 s of b's 10 and 30 s of a's next 10 on one
-    worker fit a prompt token at a quarter of an output token (B = 0.1 D + 0.025 P),
-    and at that weight the rate is 10 units a second in every interval."""
+    worker are 10 units a second in every interval at a quarter of an output token
+    a prompt token (B = 0.1 D + 0.025 P)."""
     progress, at, t0 = observed()
 
     at(0, (1, "m", "w0", True, 0, "a", 0, 0, t0, None, 0))
     at(30, (1, "m", "w0", False, 10, "a", 10, 40, t0, t0 + 30, 1000),
        (2, "m", "w0", True, 0, "b", 0, 0, t0 + 30, None, 0))
-    assert progress.prompt_weight("m") is None  # one mix: a prompt token's worth is not told
     at(55, (2, "m", "w0", False, 10, "b", 10, 190, t0 + 30, t0 + 55, 200),
        (3, "m", "w0", True, 0, "a", 10, 40, t0 + 55, None, 1000))
     at(85, (3, "m", "w0", False, 10, "a", 20, 80, t0 + 55, t0 + 85, 2000))
 
-    assert progress.prompt_weight("m") == pytest.approx(0.25)
     assert progress.rate("m", prompt_weight=0.25) == pytest.approx(10.0)
     assert progress.rate("m") == pytest.approx((50 + 200 + 50) / 85)  # prompts uncounted
+
+
+def test_progress_fits_a_prompt_token_s_cost_from_what_the_workers_say_they_did():
+    """The workers' own figures (busy seconds, requests, prompt tokens computed,
+    tokens generated) between refreshes, summed per model, fit a prompt token at a
+    quarter of an output token (B = 0.1 D + 0.025 P): 10 requests of 4 tokens and
+    100 prompt tokens each in 30 s, then 10 of 19 and 20 in 25 s, then both workers
+    10 of the first kind in 30 s each. A worker seen for the first time, one that
+    changed model (a swap) and one whose figures went back (its engine's figures
+    started afresh) are left out that once."""
+    start, progress = timezone.now(), estimates.Progress()
+    work = fleet_selectors.WorkerWork
+
+    def at(seconds: float, **workers) -> None:
+        figures: dict = {}
+        for name, (model, *seen) in workers.items():
+            figures.setdefault(model, {})[name] = work(8, *seen)
+        progress.observe(start + timedelta(seconds=seconds), [], figures)
+
+    at(0, w0=("m", 0, 0, 0, 0))
+    at(30, w0=("m", 30, 10, 1000, 40), w1=("m", 0, 0, 0, 0))
+    assert progress.prompt_weight("m") is None  # one mix: a prompt token's worth is not told
+    at(55, w0=("m", 55, 20, 1200, 230), w1=("m", 0, 0, 0, 0))
+    at(85, w0=("m", 85, 30, 2200, 270), w1=("m", 30, 10, 1000, 40))
+    assert progress.prompt_weight("m") == pytest.approx(0.25)
+    fitted = progress.fits["m"].n
+
+    # w0 now holds another model; w1's figures went back; w2 is new: no interval.
+    at(95, w0=("other", 95, 40, 9000, 300), w1=("m", 5, 1, 10, 1), w2=("m", 9, 9, 9, 9))
+    assert progress.fits["m"].n == fitted
     assert progress.prompt_weight("other") is None
 
 

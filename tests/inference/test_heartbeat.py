@@ -12,6 +12,7 @@ from django.db import OperationalError
 
 from core import outage
 from fleet.models import Worker
+from serving.engines.base import EngineResult
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,6 +38,30 @@ def test_the_heartbeat_names_claimed_and_prefetched_chunks(runtime_factory):
         runtime.ledger.drop(17)
 
     assert Worker.objects.get(name=runtime.name).held_chunks == [17, 4242]
+
+
+def test_the_heartbeat_tells_the_work_its_engine_did(runtime_factory):
+    """Busy seconds, prompt tokens computed and tokens generated (the ETA's cost
+    fit): from each answer for an engine that does not tell its steps (the
+    simulated one), from the engine's steps alone for one that does."""
+    runtime = runtime_factory()
+    state, slots = runtime.state, runtime.engines.slots
+    assert not state.work_from_engine  # the simulated engine tells no steps
+    assert slots.try_acquire()
+    slots.release()
+    state.count(EngineResult(body={}, prompt_tokens=30, completion_tokens=7))
+    runtime.heartbeat.beat_once()
+    row = Worker.objects.get(name=runtime.name)
+    assert (row.prompt_tokens_computed, row.tokens_computed) == (30, 7)
+    assert row.busy_seconds > 0
+
+    state.work_from_engine = True  # as for vLLM: its steps told the work already
+    state.add_work(100, 5)
+    state.count(EngineResult(body={}, prompt_tokens=100, completion_tokens=5))
+    runtime.heartbeat.beat_once()
+    row = Worker.objects.get(name=runtime.name)
+    assert (row.prompt_tokens_computed, row.tokens_computed) == (130, 12)
+    assert (row.requests_completed, row.tokens_generated) == (2, 12)
 
 
 def test_flushes_and_heartbeats_in_a_database_outage_say_it_once(runtime_factory, monkeypatch,

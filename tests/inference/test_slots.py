@@ -206,3 +206,24 @@ def test_admission_from_the_engine_still_respects_slots_and_an_explicit_budget()
     assert slots.admit(chunk, [Cost(10)] * 5) == 2  # the slots
     with pytest.raises(ValueError):
         slots.follow_engine(0)
+
+
+def test_busy_seconds_count_the_time_a_request_was_held(monkeypatch):
+    """The engine's working time for the ETA's cost fit: while at least one request
+    is in hand, not the time between (nor twice for two at once)."""
+    clock = [100.0]
+    monkeypatch.setattr("inference.slots.time.monotonic", lambda: clock[0])
+    slots = SlotPool(4)
+    assert slots.try_acquire()
+    clock[0] = 102.0
+    assert slots.try_acquire()  # two at once: still one engine's time
+    clock[0] = 103.0
+    slots.release()
+    assert slots.busy_seconds == 3.0  # one still held: counted up to now
+    clock[0] = 104.0
+    slots.release()
+    clock[0] = 110.0  # idle
+    assert slots.busy_seconds == 4.0
+    assert slots.try_acquire()
+    clock[0] = 111.5
+    assert slots.busy_seconds == 5.5

@@ -159,6 +159,25 @@ def test_the_engine_reports_its_running_set_after_each_step(vllm: EngineHarness)
     assert all(0.0 <= load.kv_cache_usage <= 1.0 and load.waiting >= 0 for load in loads)
 
 
+def test_the_engine_tells_its_work_step_by_step(vllm: EngineHarness) -> None:
+    # The worker's work figures for the ETA's cost fit (WorkerState.add_work): the
+    # tokens each step generated and the prompt tokens it computed (prefix-cache
+    # hits, such as the chat template's start, left out).
+    work = []
+    vllm.engine.work_listener = lambda prompt, output: work.append((prompt, output))
+    try:
+        results = vllm.generate_all(*(chat_request(f"Name {n} colours.", max_tokens=6)
+                                      for n in range(4)))
+    finally:
+        vllm.engine.work_listener = None
+    assert all(result.error is None for result in results)
+    assert vllm.engine.reports_work
+    assert sum(output for _, output in work) == sum(r.completion_tokens for r in results)
+    computed = sum(prompt for prompt, _ in work)
+    assert 0 < computed <= sum(r.prompt_tokens for r in results)
+    assert len(work) >= 6  # step by step, not once per answer
+
+
 def test_chat_body_has_the_contract_shape_and_usage_adds_up(
     vllm: EngineHarness, model_dir: Path
 ) -> None:
