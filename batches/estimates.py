@@ -11,7 +11,8 @@ and the workers played forward chunk by chunk from where every open chunk is now
 deadline policy dispatch applies (batches/deadlines.py). Its inputs, measured here:
 
 - one worker's rate, in cost units (a request plus its output tokens plus its
-  prompt tokens computed at the model's prompt weight, eta.PromptFit) a second:
+  prompt tokens computed at the model's prompt weight, eta.PromptFit, fitted from
+  what the live workers say their engines did: Progress.fit_work) a second:
   what the model's chunks did between refreshes (Progress: the requests done by the
   chunks running now, at the last refresh or closed since, each at what its
   batch's requests done since cost) over the last PROGRESS_SECONDS it had work,

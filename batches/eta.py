@@ -209,17 +209,17 @@ PROMPT_WEIGHT_MAX = 1.0
 @dataclass
 class PromptFit:
     """What a prompt token costs against an output token on one model: the least
-    squares fit, through the origin, of each progress interval's busy
-    worker-seconds B over the decode units D its requests took (one a request plus
-    its output tokens) and the prompt tokens P they computed (cached ones left out),
-    B = u D + v P; a prompt token is worth v / u output tokens. Older intervals weigh
-    less (by half every PROMPT_HALF_LIFE seconds).
+    squares fit, through the origin, of each refresh interval's busy
+    worker-seconds B over the decode units D the model's workers did (a request
+    plus each token generated) and the prompt tokens P they computed (cached ones
+    left out), B = u D + v P, as the workers tell them
+    (batches/estimates.Progress.fit_work); a prompt token is worth v / u output
+    tokens. Older intervals weigh less (by half every PROMPT_HALF_LIFE seconds).
 
     No answer until the intervals tell it: not while they hold D and P in about the
     same proportion (their series' 1 - cos² under PROMPT_SPREAD_MIN: any weight
     explains them as well), nor while v's standard error is over
-    PROMPT_WEIGHT_ERROR output tokens' worth (a few noisy intervals: on the real
-    engine the first minute's read 0.43, the next ten minutes' 0 to 0.05)."""
+    PROMPT_WEIGHT_ERROR output tokens' worth (a few noisy intervals)."""
 
     dd: float = 0.0
     dp: float = 0.0

@@ -12,6 +12,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from batches.usage import Usage
+
 
 @dataclass(eq=False)
 class WorkerState:
@@ -37,7 +39,7 @@ class WorkerState:
     # The work its engines did, as the heartbeat shows it for the ETA's cost fit
     # (batches/estimates.py): prompt tokens computed and tokens generated, told step
     # by step by an engine that reports its work (add_work), else counted from each
-    # answer as it comes back (prompt tokens then include prefix-cache hits).
+    # answer as it comes back (its prompt tokens less the cached ones its usage names).
     prompt_tokens_computed: int = 0
     tokens_computed: int = 0
     work_from_engine: bool = False
@@ -55,7 +57,9 @@ class WorkerState:
                 self.failed_requests += 1
             self.tokens += result.completion_tokens
             if not self.work_from_engine:
-                self.prompt_tokens_computed += result.prompt_tokens
+                usage = Usage()
+                usage.add_body(result.body)
+                self.prompt_tokens_computed += max(result.prompt_tokens - usage.cached_tokens, 0)
                 self.tokens_computed += result.completion_tokens
 
     def add_work(self, prompt_tokens: int, output_tokens: int) -> None:

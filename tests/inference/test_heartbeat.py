@@ -43,16 +43,20 @@ def test_the_heartbeat_names_claimed_and_prefetched_chunks(runtime_factory):
 def test_the_heartbeat_tells_the_work_its_engine_did(runtime_factory):
     """Busy seconds, prompt tokens computed and tokens generated (the ETA's cost
     fit): from each answer for an engine that does not tell its steps (the
-    simulated one), from the engine's steps alone for one that does."""
+    simulated one; cached prompt tokens left out), from the engine's steps alone
+    for one that does."""
     runtime = runtime_factory()
     state, slots = runtime.state, runtime.engines.slots
     assert not state.work_from_engine  # the simulated engine tells no steps
     assert slots.try_acquire()
     slots.release()
-    state.count(EngineResult(body={}, prompt_tokens=30, completion_tokens=7))
+    cached = {"usage": {"prompt_tokens": 30, "completion_tokens": 7,
+                        "prompt_tokens_details": {"cached_tokens": 16}}}
+    state.count(EngineResult(body=cached, prompt_tokens=30, completion_tokens=7))
+    state.count(EngineResult(body={}, prompt_tokens=16, completion_tokens=0))
     runtime.heartbeat.beat_once()
     row = Worker.objects.get(name=runtime.name)
-    assert (row.prompt_tokens_computed, row.tokens_computed) == (30, 7)
+    assert (row.prompt_tokens_computed, row.tokens_computed) == (30, 7)  # 14 + 16
     assert row.busy_seconds > 0
 
     state.work_from_engine = True  # as for vLLM: its steps told the work already
@@ -61,7 +65,7 @@ def test_the_heartbeat_tells_the_work_its_engine_did(runtime_factory):
     runtime.heartbeat.beat_once()
     row = Worker.objects.get(name=runtime.name)
     assert (row.prompt_tokens_computed, row.tokens_computed) == (130, 12)
-    assert (row.requests_completed, row.tokens_generated) == (2, 12)
+    assert (row.requests_completed, row.tokens_generated) == (3, 12)
 
 
 def test_flushes_and_heartbeats_in_a_database_outage_say_it_once(runtime_factory, monkeypatch,
