@@ -11,19 +11,17 @@ and the workers played forward chunk by chunk from where every open chunk is now
 deadline policy dispatch applies (batches/deadlines.py). Its inputs, measured here:
 
 - one worker's rate, in cost units (a request plus its output tokens plus its
-  prompt tokens computed at the model's prompt weight, eta.PromptFit, fitted from
-  what the live workers say their engines did: Progress.fit_work) a second:
-  what the model's chunks did between refreshes (Progress: the requests done by the
-  chunks running now, at the last refresh or closed since, each at what its
-  batch's requests done since cost) over the last PROGRESS_SECONDS it had work,
-  over the workers that held its chunks; it counts the requests in flight. Until
-  PROGRESS_MIN seconds are in (a control worker that just started), from the
-  finished chunks: their work over their service times (eta.service_rate: a
-  chunk's service starts at the later of its claim and the close before it on the
-  same worker), over the model's last LAST_CHUNKS finished chunks
-  (CHUNKS_PER_WORKER a live worker, if more); before any closed, the higher
-  of the progress seen after the engine's warm-up and the running chunks' work so
-  far over their busy time (both read low while the first answers come back).
+  prompt tokens computed at the model's prompt weight, eta.PromptFit) a second:
+  what the model's live workers say they did between refreshes (Progress: the
+  requests, tokens generated and prompt tokens computed their heartbeats carry,
+  step by step from an engine that tells them) over the last PROGRESS_SECONDS it
+  had work, over the seconds they held requests. Until PROGRESS_MIN seconds are in
+  (a control worker that just started), from the finished chunks: their work over
+  their service times (eta.service_rate: a chunk's service starts at the later of
+  its claim and the close before it on the same worker), over the model's last
+  LAST_CHUNKS finished chunks (CHUNKS_PER_WORKER a live worker, if more); before
+  any closed, the higher of the progress seen after the engine's warm-up and the
+  running chunks' work so far over their busy time.
   Stored as the model's rate (times its live workers) for the deadline policy. A
   model that no worker holds now (multiplexing) is planned on one worker after a
   swap (the recent swaps' time, fleet.selectors.swap_seconds_estimate).
@@ -47,10 +45,9 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
-from typing import NamedTuple
 
 from django.conf import settings
-from django.db.models import Count, F, Q, Sum
+from django.db.models import Count, F, Sum
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
@@ -78,105 +75,69 @@ PRIOR_BATCHES = 50
 # every 5 s for noise.
 MOVED = timedelta(seconds=1)
 MOVED_FRACTION = 0.01
-# The model's rate now: the cost units its running chunks did between refreshes
-# (their counts are flushed every second or so), over the last PROGRESS_SECONDS it
-# had work, once PROGRESS_MIN seconds of them are in. Unlike the finished chunks'
-# rate it counts the requests in flight, which a worker running several chunks side
-# by side (many slots) holds a good part of its work in.
+# The model's rate now: the cost units its workers did between refreshes (their
+# heartbeats carry their figures every few seconds), over the last PROGRESS_SECONDS
+# it had work, once PROGRESS_MIN seconds of them are in. Unlike the finished chunks'
+# rate it counts the work in flight, which a worker running several chunks side by
+# side (many slots) holds a good part of its work in.
 PROGRESS_SECONDS = 120.0
 PROGRESS_MIN = 10.0
 
 
 @dataclass
 class Progress:
-    """What the refreshing process remembers of the running chunks from one refresh
-    to the next: the requests each had done, what their batches had done, and per
-    model the intervals it had work in, as (start, end, decode units done, prompt
-    tokens computed, worker-seconds: how long each worker held one of its chunks in
-    it), and what a prompt token costs there (eta.PromptFit). In memory: the control
-    worker refreshes, and one that starts afresh measures from the finished chunks
-    until it has PROGRESS_MIN seconds of its own (and the stored prompt weight until
-    it has fitted one)."""
+    """What the refreshing process remembers from one refresh to the next: each live
+    worker's model and work figures as it last saw them (fleet_selectors.WorkerWork:
+    seconds busy, requests, prompt tokens computed, tokens generated), and per model
+    the intervals its workers had work in, as (start, end, decode units done,
+    prompt tokens computed, worker-seconds busy), and what a prompt token costs
+    there (eta.PromptFit). In memory: the control worker refreshes, and one that
+    starts afresh measures from the finished chunks until it has PROGRESS_MIN
+    seconds of its own (and the stored prompt weight until it has fitted one).
+
+    The workers' own figures, not the chunks' requests done: an engine that tells
+    its work step by step (vLLM, serving.engines.base.Engine.reports_work) gives the
+    work as it is done, where the answers come back in waves a request's time
+    after it (with 64 slots on the CPU engine that lag read a prompt token at a
+    fifth of its cost, and the rate low by as much while short answers ran), and a
+    request done counts with the tokens it took, not its batch's mean so far (the
+    short answers of a batch end first)."""
 
     at: datetime | None = None
-    done: dict[int, int] = field(default_factory=dict)  # running chunk: requests done
-    # Each batch seen: (requests done, output tokens, prompt tokens computed), for
-    # what the requests done since cost (`costs`).
-    batches: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    workers: dict[str, tuple[str, fleet_selectors.WorkerWork]] = field(default_factory=dict)
     spans: dict[str, deque[tuple[float, float, float, float, float]]] = field(
         default_factory=lambda: defaultdict(deque))
     fits: dict[str, eta.PromptFit] = field(default_factory=lambda: defaultdict(eta.PromptFit))
-    # Each live worker's model and work so far at the last refresh (`fit_work`).
-    workers: dict[str, tuple[str, fleet_selectors.WorkerWork]] = field(default_factory=dict)
 
-    def observe(self, now: datetime, rows: list[ChunkSeen],
-                figures: dict[str, dict[str, fleet_selectors.WorkerWork]] | None = None
-                ) -> None:
-        """Take in the chunks running now, at the last refresh, or finished since,
-        and the live workers' work `figures` (fit_work). A model's first intervals without
-        progress (an engine warming up) are not its rate."""
-        work: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # decode, prompt
-        held: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(
-            lambda: defaultdict(list))
+    def observe(self, now: datetime,
+                figures: dict[str, dict[str, fleet_selectors.WorkerWork]]) -> None:
+        """Take in what the live workers of each model (`figures`: {model: {worker:
+        WorkerWork}}) did since the last refresh. A model's first intervals busy
+        without work done (an engine warming up) are not its rate."""
         start, end = (self.at or now).timestamp(), now.timestamp()
-        cost = self.costs(rows)
-        for row in rows:
-            done = max(row.done - self.done.get(row.chunk, 0), 0)
-            for index, each in enumerate(cost[row.batch]):
-                work[row.model][index] += done * each
-            stop = row.finished if row.finished is not None else end if row.running else start
-            if row.claimed is not None and min(stop, end) > max(row.claimed, start):
-                held[row.model][row.worker].append((max(row.claimed, start), min(stop, end)))
         for spans in self.spans.values():  # a model idle this long starts afresh
             while spans and spans[0][1] < end - PROGRESS_SECONDS:
                 spans.popleft()
         if self.at is not None and end > start:
-            for model, workers in held.items():
-                spans, (decode, prompt) = self.spans[model], work[model]
+            for model, (busy, decode, prompt) in self.work_since(figures).items():
+                spans = self.spans[model]
                 if spans or decode > 0:
-                    busy = sum(eta.busy_seconds(intervals) for intervals in workers.values())
                     spans.append((start, end, decode, prompt, busy))
-            self.fit_work(end - start, figures or {})
-        self.workers = {worker: (model, seen) for model, workers in (figures or {}).items()
+                if decode > 0:
+                    self.fits[model].add(end - start, decode, prompt, busy)
+        self.workers = {worker: (model, seen) for model, workers in figures.items()
                         for worker, seen in workers.items()}
-        self.done = {row.chunk: row.done for row in rows if row.running}
-        self.batches = {row.batch: (row.batch_done, row.batch_tokens, row.batch_prompt)
-                        for row in rows}
         self.at = now
 
-    def costs(self, rows: list[ChunkSeen]) -> dict[str, tuple[float, float]]:
-        """What each batch's requests done since the last refresh took a request, as
-        (decode units, prompt tokens computed): its figures since then over its
-        requests since then (eta.request_cost of the differences), its means so far
-        if it was not seen then. Not its means so far always: side by side in the
-        engine, a batch's short answers end first, so its mean so far is low while
-        its long ones run, and counting the requests that end later at it would make
-        the rate read low by as much (most on the real engine, where 64 slots hold
-        whole batches of 50-120 requests)."""
-        found = {}
-        for row in rows:
-            before_done, before_tokens, before_prompt = self.batches.get(row.batch, (0, 0, 0))
-            done = row.batch_done - before_done
-            found[row.batch] = (
-                1.0 + _per_request(done, row.batch_tokens - before_tokens,
-                                   row.batch_done, row.batch_tokens),
-                _per_request(done, row.batch_prompt - before_prompt,
-                             row.batch_done, row.batch_prompt))
-        return found
-
-    def fit_work(self, seconds: float,
-                 work: dict[str, dict[str, fleet_selectors.WorkerWork]]) -> None:
-        """What a prompt token costs on each model (eta.PromptFit), from what its
-        live workers say they did since the last refresh: the seconds they were busy,
-        the decode units (a request plus each token generated) and the prompt tokens
-        computed, summed over the model's workers. A worker new since then, or
-        that changed model (a swap) or started its figures afresh, is left out this
-        once. Its own figures, not the chunks' requests done: an engine that tells
-        its work step by step (vLLM) gives the work when it is done, where answers
-        come back in waves a request's time after it (with 64 slots on the real
-        engine, that lag read a prompt token at a fifth of its cost)."""
-        total: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
-        for model, workers in work.items():
+    def work_since(self, figures: dict[str, dict[str, fleet_selectors.WorkerWork]]
+                   ) -> dict[str, tuple[float, float, float]]:
+        """Per model, what its workers did since the last refresh: (worker-seconds
+        busy, decode units: a request plus each token generated, prompt tokens
+        computed). A worker seen for the first time, or that changed model (a swap)
+        or whose figures went back (its engine's started afresh), is left out this
+        once."""
+        total: dict[str, tuple[float, float, float]] = {}
+        for model, workers in figures.items():
             for worker, now in workers.items():
                 seen = self.workers.get(worker)
                 if seen is None or seen[0] != model:
@@ -184,15 +145,12 @@ class Progress:
                 busy, requests, prompt, output = (a - b for a, b in zip(
                     now[1:], seen[1][1:], strict=True))
                 if busy > 0 and min(requests, prompt, output) >= 0:
-                    sums = total[model]
-                    sums[0], sums[1], sums[2] = (sums[0] + busy, sums[1] + requests + output,
-                                                 sums[2] + prompt)
-        for model, (busy, decode, prompt) in total.items():
-            if decode > 0:
-                self.fits[model].add(seconds, decode, prompt, busy)
+                    was = total.get(model, (0.0, 0.0, 0.0))
+                    total[model] = (was[0] + busy, was[1] + requests + output, was[2] + prompt)
+        return total
 
     def forget(self) -> None:
-        self.at, self.done, self.batches, self.workers = None, {}, {}, {}
+        self.at, self.workers = None, {}
         self.spans, self.fits = defaultdict(deque), defaultdict(eta.PromptFit)
 
     def prompt_weight(self, model: str) -> float | None:
@@ -204,8 +162,8 @@ class Progress:
     def rate(self, model: str, least: float = PROGRESS_MIN,
              prompt_weight: float = 0.0) -> float | None:
         """One worker's cost units a second (a prompt token at `prompt_weight`): the
-        model's over its recent intervals with work, over the time each worker held
-        its chunks in them; None before `least` seconds of them."""
+        model's over its recent intervals with work, over its workers' busy time in
+        them; None before `least` seconds of them."""
         spans = self.spans.get(model) or ()
         seconds = sum(end - start for start, end, *_ in spans)
         work = sum(span[2] + prompt_weight * span[3] for span in spans)
@@ -213,57 +171,10 @@ class Progress:
         return work / busy if seconds >= least and work > 0 and busy > 0 else None
 
 
-def _per_request(done_since: int, tokens_since: int, done: int, tokens: int) -> float:
-    """Tokens a request: of those done since the last refresh, else of all so far.
-    Counts only grow while a batch runs; finalization recounts its usage from the
-    output file, which must not make a request take fewer than none."""
-    if done_since > 0:
-        return max(tokens_since, 0) / done_since
-    return tokens / done if done > 0 else 0.0
-
-
-class ChunkSeen(NamedTuple):
-    """A chunk as a refresh sees it (Progress.observe): times in Unix seconds."""
-
-    chunk: int
-    model: str
-    worker: str
-    running: bool
-    done: int  # requests done or failed
-    batch: str
-    batch_done: int  # its batch's requests done or failed
-    batch_tokens: int  # its batch's output tokens
-    claimed: float | None
-    finished: float | None
-    batch_prompt: int = 0  # its batch's prompt tokens computed (cached ones left out)
-
-
 PROGRESS = Progress()
 # A chunk's batch's prompt tokens the engine computed: prefix-cached ones cost
 # next to nothing.
 PROMPT_COMPUTED = F("batch__usage_input_tokens") - F("batch__usage_cached_tokens")
-
-
-def progress_observe(now: datetime,
-                     work: dict[str, dict[str, fleet_selectors.WorkerWork]]) -> None:
-    """One refresh's look at the chunks of the models of `work` (those with live
-    workers) running now or finished since the last, at those running at the last,
-    and at the workers' work (Progress.fit_work)."""
-    models = list(work)
-    seen = Q(status=ChunkStatus.RUNNING) | Q(id__in=list(PROGRESS.done))
-    if PROGRESS.at is not None:
-        seen |= Q(model__in=[name for model in models for name in _model_filter(model)],
-                  status=ChunkStatus.DONE, finished_at__gt=PROGRESS.at)
-    rows = Chunk.objects.filter(seen).values_list(
-        "id", "model", "worker", "status", "completed", "failed", "batch_id",
-        "batch__completed", "batch__failed", "batch__usage_output_tokens", "claimed_at",
-        "finished_at", PROMPT_COMPUTED)
-    PROGRESS.observe(now, [
-        ChunkSeen(chunk_id, chunk_model(model), worker, status == ChunkStatus.RUNNING,
-                  done + failed, batch_id, batch_done + batch_failed, tokens,
-                  claimed and claimed.timestamp(), finished and finished.timestamp(), prompt)
-        for chunk_id, model, worker, status, done, failed, batch_id, batch_done, batch_failed,
-        tokens, claimed, finished, prompt in rows], work)
 
 
 def model_throughput_measure(*, model: str, live_workers: int, now: datetime,
@@ -422,7 +333,7 @@ def estimates_refresh(now: datetime | None = None) -> int:
     work = fleet_selectors.live_worker_work()
     slots = {model: {worker: figures.slots for worker, figures in workers.items()}
              for model, workers in work.items()}
-    progress_observe(now, work)
+    PROGRESS.observe(now, work)
     finish: dict[str, float | None] = {}
     risky: set[str] = set()
     stored = {row.model: row for row in ModelThroughput.objects.all()}

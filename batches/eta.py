@@ -213,7 +213,7 @@ class PromptFit:
     worker-seconds B over the decode units D the model's workers did (a request
     plus each token generated) and the prompt tokens P they computed (cached ones
     left out), B = u D + v P, as the workers tell them
-    (batches/estimates.Progress.fit_work); a prompt token is worth v / u output
+    (batches/estimates.Progress.work_since); a prompt token is worth v / u output
     tokens. Older intervals weigh less (by half every PROMPT_HALF_LIFE seconds).
 
     No answer until the intervals tell it: not while they hold D and P in about the

@@ -60,7 +60,7 @@ def fresh_process_state():
 
     caches["default"].clear()
     forget_keys_seen()
-    PROGRESS.forget()  # the estimates refresh's memory of the running chunks
+    PROGRESS.forget()  # the estimates refresh's memory of the workers' figures
     yield
     forget_keys_seen()
 

@@ -51,6 +51,14 @@ def live_workers(count: int, model: str) -> None:
                               heartbeat_at=timezone.now())
 
 
+def worked(worker: str, *, busy: float, requests: int, prompt: int = 0, output: int = 0) -> None:
+    """`worker`'s heartbeat says its engine held requests for `busy` seconds so far
+    and did this work (Worker.busy_seconds and the counts beside it)."""
+    Worker.objects.filter(name=worker).update(
+        busy_seconds=busy, requests_completed=requests, prompt_tokens_computed=prompt,
+        tokens_computed=output)
+
+
 def finish(batch: Batch, indexes: range, *, workers: list[str], started, seconds: float,
            output_tokens: int = 0) -> None:
     """Chunks `indexes` of `batch` ran on `workers` (in turn) from `started` for
@@ -479,103 +487,59 @@ def test_chunks_held_by_a_busy_worker_wait_for_it_while_another_is_idle(running_
 
 
 def observed():
-    """A fresh Progress, `at(seconds, *rows)` showing it rows of ChunkSeen fields that
-    many seconds after the start, and the start in Unix seconds."""
-    start = timezone.now()
-    progress = estimates.Progress()
-
-    def at(seconds: float, *rows) -> None:
-        progress.observe(start + timedelta(seconds=seconds),
-                         [estimates.ChunkSeen(*row) for row in rows])
-
-    return progress, at, start.timestamp()
-
-
-def test_progress_counts_the_requests_in_flight_and_not_a_warm_up():
-    """Progress.rate: the cost units the chunks did between refreshes over the time
-    each worker held one, a chunk claimed and finished between two refreshes
-    included, the first silence (an engine warming up) left out, and nothing until
-    PROGRESS_MIN seconds are in."""
-    progress, at, t0 = observed()
-
-    at(0, (1, "m", "w0", True, 0, "a", 0, 0, t0, None))
-    at(5, (1, "m", "w0", True, 0, "a", 0, 0, t0, None))  # warming up: not the rate
-    at(10, (1, "m", "w0", True, 5, "a", 5, 5, t0, None))  # 5 requests of 2 units in 5 s
-    assert progress.rate("m") is None  # 5 s in, PROGRESS_MIN is 10
-    # Chunk 1 did 5 more and closed at 12; chunk 2 ran from 11 to 13 on w1; chunk 3
-    # runs on w2 since 14: 20 units in 2 + 2 + 1 worker-seconds.
-    at(15, (1, "m", "w0", False, 10, "a", 10, 10, t0, t0 + 12),
-       (2, "m", "w1", False, 4, "b", 10, 0, t0 + 11, t0 + 13),
-       (3, "m", "w2", True, 6, "b", 10, 0, t0 + 14, None))
-    assert progress.rate("m") == pytest.approx((10 + 20) / (5 + 5))
-    at(20, (3, "m", "w2", True, 6, "b", 10, 0, t0 + 14, None))  # a stall counts: 5 s of w2
-    assert progress.rate("m") == pytest.approx(30 / 15)
-    assert progress.rate("other") is None
-    late = 20 + estimates.PROGRESS_SECONDS + 6
-    at(late, (3, "m", "w2", True, 40, "b", 44, 0, t0 + 14, None))  # the older ones are forgotten
-    assert progress.rate("m") == pytest.approx(34 / (late - 20))
-    # Idle for longer than PROGRESS_SECONDS (swapped out, say): no stale rate, and
-    # the next warm-up is left out again.
-    idle = late + estimates.PROGRESS_SECONDS + 1
-    at(idle, (4, "m", "w0", True, 0, "c", 0, 0, t0 + idle, None))
-    assert progress.rate("m") is None
-    at(idle + 10, (4, "m", "w0", True, 0, "c", 0, 0, t0 + idle, None))  # warming up
-    at(idle + 20, (4, "m", "w0", True, 20, "c", 20, 0, t0 + idle, None))
-    assert progress.rate("m") == pytest.approx(20 / 10)
-
-
-def test_progress_counts_the_requests_done_since_at_what_they_cost():
-    """Side by side in the engine a batch's short answers end first: its first 10
-    requests answered 1 token each (2 units), the next 10 3 tokens each (4 units),
-    though its mean so far is then 3 units. The rate counts 40 units in the second
-    5 s, not 30; a batch not seen at the refresh before counts at its mean so far."""
-    progress, at, t0 = observed()
-
-    at(0, (1, "m", "w0", True, 0, "a", 0, 0, t0, None))
-    at(5, (1, "m", "w0", True, 10, "a", 10, 10, t0, None))
-    at(10, (1, "m", "w0", True, 20, "a", 20, 40, t0, None))
-    assert progress.rate("m") == pytest.approx((10 * 2 + 10 * 4) / 10)
-    # Batch b's chunk ran and closed between two refreshes, after 5 requests of its
-    # own elsewhere earlier: its 5 here count at its mean, 1 + 30 / 10.
-    at(15, (1, "m", "w0", True, 20, "a", 20, 40, t0, None),
-       (2, "m", "w1", False, 5, "b", 10, 30, t0 + 11, t0 + 14))
-    assert progress.rate("m") == pytest.approx((60 + 5 * 4) / (10 + 5 + 3))
-
-
-def test_progress_counts_prompt_tokens_at_the_weight_given():
-    """Each request of batch a took 4 output tokens and 100 prompt tokens, each of
-    batch b 19 and 20: 30 s of a's 10, 25 s of b's 10 and 30 s of a's next 10 on one
-    worker are 10 units a second in every interval at a quarter of an output token
-    a prompt token (B = 0.1 D + 0.025 P)."""
-    progress, at, t0 = observed()
-
-    at(0, (1, "m", "w0", True, 0, "a", 0, 0, t0, None, 0))
-    at(30, (1, "m", "w0", False, 10, "a", 10, 40, t0, t0 + 30, 1000),
-       (2, "m", "w0", True, 0, "b", 0, 0, t0 + 30, None, 0))
-    at(55, (2, "m", "w0", False, 10, "b", 10, 190, t0 + 30, t0 + 55, 200),
-       (3, "m", "w0", True, 0, "a", 10, 40, t0 + 55, None, 1000))
-    at(85, (3, "m", "w0", False, 10, "a", 20, 80, t0 + 55, t0 + 85, 2000))
-
-    assert progress.rate("m", prompt_weight=0.25) == pytest.approx(10.0)
-    assert progress.rate("m") == pytest.approx((50 + 200 + 50) / 85)  # prompts uncounted
-
-
-def test_progress_fits_a_prompt_token_s_cost_from_what_the_workers_say_they_did():
-    """The workers' own figures (busy seconds, requests, prompt tokens computed,
-    tokens generated) between refreshes, summed per model, fit a prompt token at a
-    quarter of an output token (B = 0.1 D + 0.025 P): 10 requests of 4 tokens and
-    100 prompt tokens each in 30 s, then 10 of 19 and 20 in 25 s, then both workers
-    10 of the first kind in 30 s each. A worker seen for the first time, one that
-    changed model (a swap) and one whose figures went back (its engine's figures
-    started afresh) are left out that once."""
+    """A fresh Progress, `at(seconds, **workers)` showing it each worker's (model,
+    busy seconds, requests, prompt tokens computed, tokens generated) that many
+    seconds after the start."""
     start, progress = timezone.now(), estimates.Progress()
-    work = fleet_selectors.WorkerWork
 
     def at(seconds: float, **workers) -> None:
         figures: dict = {}
         for name, (model, *seen) in workers.items():
-            figures.setdefault(model, {})[name] = work(8, *seen)
-        progress.observe(start + timedelta(seconds=seconds), [], figures)
+            figures.setdefault(model, {})[name] = fleet_selectors.WorkerWork(8, *seen)
+        progress.observe(start + timedelta(seconds=seconds), figures)
+
+    return progress, at
+
+
+def test_progress_counts_the_work_in_flight_and_not_a_warm_up():
+    """Progress.rate: the cost units the workers did between refreshes over the
+    seconds they held requests, summed over the model's workers, the first silence
+    (an engine warming up) left out, and nothing until PROGRESS_MIN seconds are in."""
+    progress, at = observed()
+
+    at(0, w0=("m", 0, 0, 0, 0))
+    at(5, w0=("m", 5, 0, 0, 0))  # warming up: not the rate
+    at(10, w0=("m", 10, 5, 0, 5))  # 5 requests of 1 token: 10 units in 5 s
+    assert progress.rate("m") is None  # 5 s in, PROGRESS_MIN is 10
+    # w0 did 10 more units in its 2 s before it went idle; w1, seen for the first
+    # time, is left out this once.
+    at(15, w0=("m", 12, 10, 0, 10), w1=("m", 3, 10, 0, 10))
+    assert progress.rate("m") == pytest.approx((10 + 10) / (5 + 2))
+    at(20, w0=("m", 12, 10, 0, 10), w1=("m", 8, 10, 0, 10))  # a stall counts: 5 s of w1
+    assert progress.rate("m") == pytest.approx((10 + 10) / (5 + 2 + 5))
+    assert progress.rate("other") is None
+    late = 20 + estimates.PROGRESS_SECONDS + 6
+    at(late, w0=("m", 12, 10, 0, 10), w1=("m", 14, 20, 0, 30))  # the older ones are forgotten
+    assert progress.rate("m") == pytest.approx(30 / 6)
+    # Idle for longer than PROGRESS_SECONDS (swapped out, say): no stale rate, and
+    # the next warm-up is left out again.
+    idle = late + estimates.PROGRESS_SECONDS + 1
+    at(idle, w0=("m", 12, 10, 0, 10))
+    assert progress.rate("m") is None
+    at(idle + 10, w0=("m", 22, 10, 0, 10))  # warming up
+    at(idle + 20, w0=("m", 32, 20, 0, 30))
+    assert progress.rate("m") == pytest.approx(30 / 10)
+
+
+def test_progress_fits_a_prompt_token_s_cost_from_what_the_workers_say_they_did():
+    """The workers' own figures between refreshes, summed per model, fit a prompt
+    token at a quarter of an output token (B = 0.1 D + 0.025 P): 10 requests of 4
+    tokens and 100 prompt tokens each in 30 s, then 10 of 19 and 20 in 25 s, then
+    both workers 10 of the first kind in 30 s each; at that weight the rate is 10
+    units a second throughout. A worker seen for the first time, one that changed
+    model (a swap) and one whose figures went back (its engine's figures started
+    afresh) are left out that once."""
+    progress, at = observed()
 
     at(0, w0=("m", 0, 0, 0, 0))
     at(30, w0=("m", 30, 10, 1000, 40), w1=("m", 0, 0, 0, 0))
@@ -583,6 +547,8 @@ def test_progress_fits_a_prompt_token_s_cost_from_what_the_workers_say_they_did(
     at(55, w0=("m", 55, 20, 1200, 230), w1=("m", 0, 0, 0, 0))
     at(85, w0=("m", 85, 30, 2200, 270), w1=("m", 30, 10, 1000, 40))
     assert progress.prompt_weight("m") == pytest.approx(0.25)
+    assert progress.rate("m", prompt_weight=0.25) == pytest.approx(10.0)
+    assert progress.rate("m") == pytest.approx((50 + 200 + 100) / 115)  # prompts uncounted
     fitted = progress.fits["m"].n
 
     # w0 now holds another model; w1's figures went back; w2 is new: no interval.
@@ -594,8 +560,8 @@ def test_progress_fits_a_prompt_token_s_cost_from_what_the_workers_say_they_did(
 def test_the_rate_of_a_worker_running_chunks_side_by_side_counts_what_is_in_flight(
         running_batch):
     """A worker with many slots runs several chunks at once: between two refreshes
-    its running chunks did 20 requests in 10 s, which is one worker's rate (a second
-    live worker held nothing), though the one chunk that closed took 20 s for its 20."""
+    it did 20 requests in 10 s, which is one worker's rate (a second live worker
+    held nothing), though the one chunk that closed took 20 s for its 20."""
     model = served_model().id
     live_workers(2, model)
     batch = running_batch(60, chunk_size=20)
@@ -603,9 +569,9 @@ def test_the_rate_of_a_worker_running_chunks_side_by_side_counts_what_is_in_flig
     finish(batch, range(1), workers=["w0"], started=now - timedelta(seconds=30), seconds=20)
     for index in (1, 2):
         running_on("w0", batch, index, now - timedelta(seconds=10))
+    worked("w0", busy=20, requests=20)
     estimates.estimates_refresh(now - timedelta(seconds=10))
-    Chunk.objects.filter(batch=batch, index__in=(1, 2)).update(completed=10)
-    Batch.objects.filter(id=batch.id).update(completed=40)
+    worked("w0", busy=30, requests=40)
 
     estimates.estimates_refresh(now)
 
@@ -613,15 +579,17 @@ def test_the_rate_of_a_worker_running_chunks_side_by_side_counts_what_is_in_flig
 
 
 def test_before_any_chunk_closed_the_rate_leaves_the_engine_s_warm_up_out(running_batch):
-    """A fresh engine answers nothing for a while: the chunk claimed 30 s ago did its
-    10 requests in the last 5 s, so the rate is 2 a second, not 10 in 30 s."""
+    """A fresh engine answers nothing for a while: the worker held requests for 30 s
+    and did its 10 in the last 5 s, so the rate is 2 a second, not 10 in 30 s."""
     model = served_model().id
     live_workers(1, model)
     batch = running_batch(40, chunk_size=20)
     now = timezone.now()
     running_on("w0", batch, 0, now - timedelta(seconds=30))
-    for seconds in (10, 5):  # warming up
+    for seconds in (15, 10, 5):  # warming up
+        worked("w0", busy=30 - seconds, requests=0)
         estimates.estimates_refresh(now - timedelta(seconds=seconds))
+    worked("w0", busy=30, requests=10)
     Chunk.objects.filter(batch=batch, index=0).update(completed=10)
     Batch.objects.filter(id=batch.id).update(completed=10)
 
@@ -640,6 +608,7 @@ def test_before_any_chunk_closed_a_late_start_of_progress_does_not_lower_the_rat
     now = timezone.now()
     running_on("w0", batch, 0, now - timedelta(seconds=10))
     for seconds, done in ((2, 10), (1, 11), (0, 11)):
+        worked("w0", busy=10 - seconds, requests=done)
         Chunk.objects.filter(batch=batch, index=0).update(completed=done)
         Batch.objects.filter(id=batch.id).update(completed=done)
         estimates.estimates_refresh(now - timedelta(seconds=seconds))
