@@ -142,8 +142,10 @@ class Progress:
                 seen = self.workers.get(worker)
                 if seen is None or seen[0] != model:
                     continue
-                busy, requests, prompt, output = (a - b for a, b in zip(
-                    now[1:], seen[1][1:], strict=True))
+                was = seen[1]
+                busy, requests, prompt, output = (
+                    now.busy - was.busy, now.requests - was.requests,
+                    now.prompt - was.prompt, now.output - was.output)
                 if busy > 0 and min(requests, prompt, output) >= 0:
                     was = total.get(model, (0.0, 0.0, 0.0))
                     total[model] = (was[0] + busy, was[1] + requests + output, was[2] + prompt)
@@ -256,10 +258,12 @@ class OpenChunks:
         self.left[batch_id] = self.left.get(batch_id, 0) + requests
 
     def dispatch(self, loads: list[eta.Load], slots: dict[str, int],
-                 passes: dict[str, float]) -> eta.Dispatch:
+                 passes: dict[str, float],
+                 in_flight: dict[str, float] | None = None) -> eta.Dispatch:
         """The play's view of the workers with these `slots`: its cost units from
         `loads`; a running chunk of a worker that is not live for this model first in
-        the window (it is taken again)."""
+        the window (it is taken again); the cost units each worker's engine did of
+        the requests it runs now (`in_flight`, Held.done)."""
         cost = {load.batch_id: load.cost for load in loads}
         held: dict[str, list[tuple[str, float]]] = {worker: [] for worker in slots}
         orphans = []
@@ -270,7 +274,8 @@ class OpenChunks:
             slots, held = {"": settings.BATCHGEN_MAX_POOL_SIZE}, {"": []}
         threads = {worker: fleet_selectors.chunk_threads(count) for worker, count in slots.items()}
         return eta.Dispatch(
-            workers=tuple(eta.Held(threads[worker], tuple(held[worker]), slots[worker])
+            workers=tuple(eta.Held(threads[worker], tuple(held[worker]), slots[worker],
+                                   (in_flight or {}).get(worker, 0.0))
                           for worker in slots),
             queued=tuple(orphans + [(batch_id, left * cost.get(batch_id, 1.0))
                                     for batch_id, left in self.queued]),
@@ -308,17 +313,22 @@ def open_chunks() -> dict[str, OpenChunks]:
 
 
 def play(loads: list[eta.Load], chunks: OpenChunks, measured: ModelThroughput,
-         passes: dict[str, float], slots: dict[str, int]) -> dict[str, float]:
+         passes: dict[str, float], slots: dict[str, int],
+         workers: dict[str, fleet_selectors.WorkerWork] | None = None) -> dict[str, float]:
     """Seconds until each batch's work on `model` is done: the chunk play (eta.
     chunk_finish_times) under the shares dispatch applies (the deadline policy's, or
     fair share with it off), at one worker's measured rate, after a swap when no live
-    worker holds the model."""
+    worker holds the model; what the `workers`' engines did of the requests they run
+    now counted off (in cost units at the model's prompt weight)."""
     rate = measured.rate
     one = rate / max(len(slots), 1)
     delay = 0.0 if slots else fleet_selectors.swap_seconds_estimate()
     shares = partial(deadlines.deadline_shares, rate=rate) if settings.BATCHGEN_DEADLINE_POLICY \
         else eta.fair_shares
-    played = eta.chunk_finish_times(loads, chunks.dispatch(loads, slots, passes), one, shares)
+    in_flight = {worker: seen.output_in_flight + measured.prompt_weight * seen.prompt_in_flight
+                 for worker, seen in (workers or {}).items()}
+    played = eta.chunk_finish_times(loads, chunks.dispatch(loads, slots, passes, in_flight),
+                                    one, shares)
     return {batch_id: seconds + delay for batch_id, seconds in played.items()}
 
 
@@ -355,7 +365,7 @@ def estimates_refresh(now: datetime | None = None) -> int:
         risky.update(load.batch_id for load in loads if deadlines.at_risk(load, measured.rate))
         played = play(loads, chunks, measured,
                       {batch_id: batches[batch_id][12] for batch_id in chunks.left
-                       if batch_id in batches}, slots.get(model, {}))
+                       if batch_id in batches}, slots.get(model, {}), work.get(model))
         for batch_id, seconds in played.items():
             if finish.get(batch_id, 0.0) is not None:  # of several models: the last one's
                 finish[batch_id] = max(finish.get(batch_id) or 0.0, seconds)

@@ -326,6 +326,9 @@ class Held:
     threads: int
     chunks: tuple[tuple[str, float], ...] = ()
     slots: int = 1
+    # The cost units its engine did already of the requests it runs now, as the
+    # worker says (an engine that tells its steps; none from the others).
+    done: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,8 +361,11 @@ class _Stream:
     chunk after the cheap ones beside it, as on an engine that runs them side by
     side."""
 
-    def __init__(self, slots: int, rate: float) -> None:
+    def __init__(self, slots: int, rate: float, done: float = 0.0) -> None:
         self.slots, self.rate = max(slots, 1), rate
+        # Seconds ahead: the engine did `done` cost units of the requests in it now
+        # (Held.done), so the stream's first segment started that long before now.
+        self.lead = done / rate if rate > 0 else 0.0
         self.segments: list[tuple[float, float, float]] = []  # (first position, start, cost)
         self.ends: list[float] = []
         self.times: list[float] = []
@@ -371,7 +377,7 @@ class _Stream:
 
     def add(self, requests: float, cost: float, at: float) -> float:
         """Append a chunk of `requests` of `cost` each at time `at`; its end position."""
-        start = max(self.times[-1], at) if self.times else at
+        start = max(self.times[-1], at) if self.times else at - self.lead
         self.segments.append((self.position, start, cost))
         self.ends.append(self.position + requests)
         self.times.append(start + requests * cost / self.rate)
@@ -412,9 +418,10 @@ class _Stream:
     def close(self, end: float, requests: float, cost: float, now: float) -> float:
         """When the chunk of `requests` of `cost` each that ends at position `end`,
         added at `now`, closes: when its last request ends. Requests found in the
-        engine at the start are counted whole: a chunk's last requests are its
-        longest, not half done (measured on the real engine, where taking them as
-        half through read the tails of chunks early)."""
+        engine at the start count whole but for what the worker says its engine
+        did of them (`lead`: an engine that tells its steps), not a guess: a
+        chunk's last requests are its longest, and taking them as half through read
+        the tails of chunks early on the real engine."""
         if requests <= 0:
             return now
         done = self.done_at(now)
@@ -432,7 +439,7 @@ class _ChunkPlay:
                  shares: ShareFunction) -> None:
         self.loads = {load.batch_id: load for load in loads}
         self.state, self.shares = state, shares
-        self.streams = [_Stream(held.slots, worker_rate) for held in state.workers]
+        self.streams = [_Stream(held.slots, worker_rate, held.done) for held in state.workers]
         self.holding = [0] * len(state.workers)  # chunks each worker holds
         self.queue = deque(state.queued)
         self.pending = {batch: [chunks, requests] for batch, (chunks, requests)

@@ -49,6 +49,10 @@ class Worker(models.Model):
     busy_seconds = models.FloatField(default=0.0)
     prompt_tokens_computed = models.BigIntegerField(default=0)
     tokens_computed = models.BigIntegerField(default=0)
+    # ... of which for requests its engine still runs (an engine that tells its
+    # steps): their work done, which the ETA does not count again.
+    prompt_tokens_in_flight = models.BigIntegerField(default=0)
+    tokens_in_flight = models.BigIntegerField(default=0)
 
     class Meta:
         db_table = "inference_worker"

@@ -68,17 +68,20 @@ class WorkerWork(NamedTuple):
     requests: int  # done or failed
     prompt: int  # prompt tokens computed
     output: int  # tokens generated
+    prompt_in_flight: int = 0  # of `prompt`, for requests not answered yet
+    output_in_flight: int = 0  # of `output`, the same
 
 
 def live_worker_work() -> dict[str, dict[str, WorkerWork]]:
     """Each model's live workers, their slots and their work so far:
     {model: {worker: WorkerWork}}, in one query."""
     found: dict[str, dict[str, WorkerWork]] = defaultdict(dict)
-    for model, name, capacity, busy, done, failed, prompt, output in (
+    for model, name, capacity, busy, done, failed, prompt, output, *now in (
             live_workers().values_list("model", "name", "slots_capacity", "busy_seconds",
                                        "requests_completed", "requests_failed",
-                                       "prompt_tokens_computed", "tokens_computed")):
-        found[model][name] = WorkerWork(capacity, busy, done + failed, prompt, output)
+                                       "prompt_tokens_computed", "tokens_computed",
+                                       "prompt_tokens_in_flight", "tokens_in_flight")):
+        found[model][name] = WorkerWork(capacity, busy, done + failed, prompt, output, *now)
     return found
 
 

@@ -43,6 +43,10 @@ class WorkerState:
     prompt_tokens_computed: int = 0
     tokens_computed: int = 0
     work_from_engine: bool = False
+    # The same of the answers counted: the difference is what the engine did of the
+    # requests it still runs (in_flight).
+    prompt_tokens_answered: int = 0
+    tokens_answered: int = 0
     _stats_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -56,10 +60,13 @@ class WorkerState:
             else:
                 self.failed_requests += 1
             self.tokens += result.completion_tokens
+            usage = Usage()
+            usage.add_body(result.body)
+            prompt = max(result.prompt_tokens - usage.cached_tokens, 0)
+            self.prompt_tokens_answered += prompt
+            self.tokens_answered += result.completion_tokens
             if not self.work_from_engine:
-                usage = Usage()
-                usage.add_body(result.body)
-                self.prompt_tokens_computed += max(result.prompt_tokens - usage.cached_tokens, 0)
+                self.prompt_tokens_computed += prompt
                 self.tokens_computed += result.completion_tokens
 
     def add_work(self, prompt_tokens: int, output_tokens: int) -> None:
@@ -67,6 +74,24 @@ class WorkerState:
         with self._stats_lock:
             self.prompt_tokens_computed += prompt_tokens
             self.tokens_computed += output_tokens
+
+    def in_flight(self, *, idle: bool, bound: int) -> tuple[int, int]:
+        """The prompt tokens computed and the tokens generated for requests not
+        answered yet: what an engine that tells its steps did of the requests it
+        still runs (none for the others). A request that ended with no answer
+        counted (aborted) would stay in it: the figures start level whenever the
+        engine is `idle`, and the two together are held within `bound` (the tokens
+        the requests in hand may take, inference.slots)."""
+        with self._stats_lock:
+            if idle:
+                self.prompt_tokens_answered = self.prompt_tokens_computed
+                self.tokens_answered = self.tokens_computed
+            prompt = max(self.prompt_tokens_computed - self.prompt_tokens_answered, 0)
+            output = max(self.tokens_computed - self.tokens_answered, 0)
+        if prompt + output > bound:
+            scale = bound / (prompt + output)
+            prompt, output = int(prompt * scale), int(output * scale)
+        return prompt, output
 
     def switch_queue(self) -> None:
         """Consume this worker's queue, or not, as its storage and swap now say."""

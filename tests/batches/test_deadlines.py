@@ -285,6 +285,15 @@ def test_the_chunk_play(case, workers, queued, pending, window, expected):
      Held(3, (("a", 50.0), ("b", 1.0)), slots=12), {"a": 1.0, "b": 0.5}, {"a": 50, "b": 46}),
     ("a chunk waiting for slots has not started",
      Held(3, (("a", 4.0), ("b", 4.0)), slots=4), {"a": 1.0, "b": 1.0}, {"a": 4, "b": 8}),
+    # The engine did 3 units of the six requests in it (the worker's own figures):
+    # 3 units are left, at the whole rate.
+    ("what the engine did of the requests in it is counted off",
+     Held(3, (("a", 6.0),), slots=64, done=3.0), {"a": 1.0}, {"a": 3}),
+    # 2 units done: the stream is 2 s ahead, so b's requests take the slots a's free
+    # from 2 s (6 s, not 8); a's last request still shares the engine with three.
+    ("the chunk waiting for slots starts as much sooner",
+     Held(3, (("a", 4.0), ("b", 4.0)), slots=4, done=2.0), {"a": 1.0, "b": 1.0},
+     {"a": 4, "b": 6}),
 ])
 def test_a_worker_runs_its_chunks_requests_side_by_side_in_its_slots(case, held, costs, expected):
     loads = [Load(batch, sum(work for name, work in held.chunks if name == batch), cost=cost)

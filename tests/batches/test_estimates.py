@@ -486,6 +486,22 @@ def test_chunks_held_by_a_busy_worker_wait_for_it_while_another_is_idle(running_
     assert eta_of(held, now) == pytest.approx(6)
 
 
+def test_what_a_worker_s_engine_did_of_the_requests_it_runs_is_counted_off(running_batch):
+    """The worker says its engine generated 1 token for the 2 requests it runs (1
+    cost unit a request, 2 a second): half their work is left, 0.5 s, not 1 s."""
+    model = served_model().id
+    live_workers(1, model)
+    batch = running_batch(2, chunk_size=2)
+    now = timezone.now()
+    measured_at(now, model, rate=2)
+    running_on("w0", batch, 0, now - timedelta(seconds=1))
+    Worker.objects.filter(name="w0").update(tokens_in_flight=1)
+
+    estimates.estimates_refresh(now)
+
+    assert eta_of(batch, now) == pytest.approx(0.5)
+
+
 def observed():
     """A fresh Progress, `at(seconds, **workers)` showing it each worker's (model,
     busy seconds, requests, prompt tokens computed, tokens generated) that many
