@@ -31,6 +31,31 @@ KEY_GAUGES = {  # per API key name: kind -> (metric, help)
 }
 # Adaptive concurrency: the key in the worker's `admission` (or its signals), the
 # metric's name after batchgen_adaptive_, its help.
+# Each live worker's figures from its heartbeat: (Worker attribute, family, metric
+# name, help); a text attribute is a 1/0 flag (set or empty).
+WORKER_FIGURES = [
+    ("requests_completed", CounterMetricFamily, "requests_completed",
+     "Requests this worker completed since it started"),
+    ("requests_failed", CounterMetricFamily, "requests_failed",
+     "Requests that failed on this worker since it started"),
+    ("tokens_generated", CounterMetricFamily, "tokens_generated",
+     "Completion tokens this worker generated since it started"),
+    ("prompt_tokens_computed", CounterMetricFamily, "prompt_tokens_computed",
+     "Prompt tokens this worker's engine computed since it started (prefix-cache hits "
+     "left out)"),
+    ("busy_seconds", CounterMetricFamily, "busy_seconds",
+     "Seconds this worker's engine held at least one request since it started"),
+    ("slots_active", GaugeMetricFamily, "slots_active", "Requests inside this worker's engine"),
+    ("slots_capacity", GaugeMetricFamily, "slots_capacity",
+     "This worker's slots (--max-pool-size)"),
+    ("tokens_active", GaugeMetricFamily, "tokens_active",
+     "Estimated tokens of the requests inside this worker's engine"),
+    ("token_budget", GaugeMetricFamily, "token_budget",
+     "This worker's token budget for admission (its KV cache by default)"),
+    ("ready", GaugeMetricFamily, "ready", "1 once this worker's engine has started"),
+    ("storage_error", GaugeMetricFamily, "storage_full",
+     "1 while this worker holds results the full storage volume cannot take"),
+]
 ADAPTIVE_GAUGES = [
     ("limit", "limit", "Batch requests this worker may have at its engine server now"),
     ("floor", "floor", "The limit's floor (BATCHGEN_ADAPTIVE_FLOOR)"),
@@ -133,50 +158,15 @@ class BatchGenCollector(Collector):
         workers = list(live_workers().order_by("name"))
         yield GaugeMetricFamily("batchgen_workers_live", "Inference workers alive",
                                 value=len(workers))
-        families = {
-            "completed": CounterMetricFamily(
-                "batchgen_worker_requests_completed",
-                "Requests this worker completed since it started", labels=WORKER_LABELS),
-            "failed": CounterMetricFamily(
-                "batchgen_worker_requests_failed",
-                "Requests that failed on this worker since it started", labels=WORKER_LABELS),
-            "tokens": CounterMetricFamily(
-                "batchgen_worker_tokens_generated",
-                "Completion tokens this worker generated since it started", labels=WORKER_LABELS),
-            "active": GaugeMetricFamily("batchgen_worker_slots_active",
-                                        "Requests inside this worker's engine",
-                                        labels=WORKER_LABELS),
-            "capacity": GaugeMetricFamily("batchgen_worker_slots_capacity",
-                                          "This worker's slots (--max-pool-size)",
-                                          labels=WORKER_LABELS),
-            "tokens_active": GaugeMetricFamily(
-                "batchgen_worker_tokens_active",
-                "Estimated tokens of the requests inside this worker's engine",
-                labels=WORKER_LABELS),
-            "token_budget": GaugeMetricFamily(
-                "batchgen_worker_token_budget",
-                "This worker's token budget for admission (its KV cache by default)",
-                labels=WORKER_LABELS),
-            "ready": GaugeMetricFamily("batchgen_worker_ready",
-                                       "1 once this worker's engine has started",
-                                       labels=WORKER_LABELS),
-            "storage_full": GaugeMetricFamily(
-                "batchgen_worker_storage_full",
-                "1 while this worker holds results the full storage volume cannot take",
-                labels=WORKER_LABELS),
-        }
+        families = {attribute: kind(f"batchgen_worker_{name}", help_text, labels=WORKER_LABELS)
+                    for attribute, kind, name, help_text in WORKER_FIGURES}
         for worker in workers:
             labels = [worker.name, worker.hostname]
-            families["completed"].add_metric(labels, worker.requests_completed)
-            families["failed"].add_metric(labels, worker.requests_failed)
-            families["tokens"].add_metric(labels, worker.tokens_generated)
-            families["active"].add_metric(labels, worker.slots_active)
-            families["capacity"].add_metric(labels, worker.slots_capacity)
-            families["tokens_active"].add_metric(labels, worker.tokens_active)
-            if worker.token_budget is not None:
-                families["token_budget"].add_metric(labels, worker.token_budget)
-            families["ready"].add_metric(labels, int(worker.ready))
-            families["storage_full"].add_metric(labels, int(bool(worker.storage_error)))
+            for attribute, family in families.items():
+                value = getattr(worker, attribute)
+                if value is not None:  # a worker without a token budget: absent
+                    family.add_metric(labels, value if not isinstance(value, str)
+                                      else int(bool(value)))
         yield from families.values()
         yield from self._adaptive(workers)
 

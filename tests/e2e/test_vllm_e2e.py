@@ -14,6 +14,7 @@ from openai.types.responses import Response
 
 from batchgen_site.cpu_placement import SERVICE_NICENESS
 from tests.e2e.harness import Api, Server, server_env, wait_until
+from tests.e2e.test_metrics_e2e import scrape, worker_total
 
 pytestmark = pytest.mark.vllm
 MODEL = "SmolLM2-135M-Instruct"
@@ -159,6 +160,22 @@ def test_real_engine_chat_and_completions(vllm_server):
         assert body["choices"][0]["text"].strip()
         assert body["usage"]["completion_tokens"] <= 12
         assert body["choices"][0]["finish_reason"] in ("stop", "length")
+
+    # The worker's engine figures, which the ETA's rate and prompt cost read
+    # (batches/estimates.py), reach /metrics: vLLM's steps computed the prompt tokens
+    # the answers name, less the prefix-cache hits (the second run's).
+    bodies = [line["response"]["body"] for run in (first, second, completions)
+              for line in run.values() if line["response"]]
+    computed = sum(body["usage"]["prompt_tokens"] - (
+        (body["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        for body in bodies)
+
+    def worker(name: str) -> float:
+        return worker_total(scrape(server.base_url), f"batchgen_worker_{name}_total")
+
+    wait_until(lambda: worker("prompt_tokens_computed") == computed, timeout=30,
+               message=f"{computed} prompt tokens computed on /metrics")
+    assert worker("busy_seconds") > 0
 
     # Where it ran (batchgen_site/cpu_placement.py): vLLM computes on the CPUs it bound
     # its worker to; the web server, the control worker, the broker, the inference

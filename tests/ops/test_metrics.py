@@ -27,7 +27,8 @@ def test_metrics_show_pool_figures_batches_requests_and_workers(client, make_bat
     from batches.selectors import pool_status
 
     worker_row("host-a:1:1", slots_active=5, slots_capacity=64, requests_completed=40,
-               requests_failed=2, tokens_generated=1234, tokens_active=700, token_budget=9000)
+               requests_failed=2, tokens_generated=1234, tokens_active=700, token_budget=9000,
+               busy_seconds=12.5, prompt_tokens_computed=5678)
     worker_row("host-b:2:1", hostname="host-b", age=3600, tokens_generated=100)  # dead
     worker_row("host-c:3:1", hostname="host-c", slots_capacity=0,
                storage_error="No space left on device writing results to /s/incremental")
@@ -60,6 +61,9 @@ def test_metrics_show_pool_figures_batches_requests_and_workers(client, make_bat
     assert metrics[("batchgen_worker_requests_completed_total", live)] == 40
     assert metrics[("batchgen_worker_requests_failed_total", live)] == 2
     assert metrics[("batchgen_worker_tokens_generated_total", live)] == 1234
+    assert metrics[("batchgen_worker_prompt_tokens_computed_total", live)] == 5678
+    assert metrics[("batchgen_worker_busy_seconds_total", live)] == 12.5
+    assert ("batchgen_worker_token_budget", full) not in metrics  # none: absent
     assert metrics[("batchgen_worker_slots_active", live)] == 5
     assert metrics[("batchgen_worker_slots_capacity", live)] == 64
     assert metrics[("batchgen_worker_ready", live)] == 1
