@@ -377,7 +377,8 @@ class _Stream:
 
     def add(self, requests: float, cost: float, at: float) -> float:
         """Append a chunk of `requests` of `cost` each at time `at`; its end position."""
-        start = max(self.times[-1], at) if self.times else at - self.lead
+        start = max(self.times[-1], at) if self.times else at - (self.lead if at <= 0 else 0.0)
+        self.lead = 0.0  # the requests in the engine at the start only
         self.segments.append((self.position, start, cost))
         self.ends.append(self.position + requests)
         self.times.append(start + requests * cost / self.rate)
