@@ -119,7 +119,8 @@ class SlotPool:
     @property
     def busy_seconds(self) -> float:
         """Seconds this pool held at least one request: its engine's working time,
-        against which the ETA's cost fit sets the work done (WorkerState's figures)."""
+        against which the ETA's rate and cost fit set the work done (WorkerState's
+        figures)."""
         with self._cond:
             since = self._since
             return self._busy + (time.monotonic() - since if since is not None else 0.0)

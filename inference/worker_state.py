@@ -36,8 +36,8 @@ class WorkerState:
     completed: int = 0  # requests this worker ran, as the heartbeat shows them
     failed_requests: int = 0
     tokens: int = 0
-    # The work its engines did, as the heartbeat shows it for the ETA's cost fit
-    # (batches/estimates.py): prompt tokens computed and tokens generated, told step
+    # The work its engines did, as the heartbeat shows it for the ETA's rate and cost
+    # fit (batches/estimates.py): prompt tokens computed and tokens generated, told step
     # by step by an engine that reports its work (add_work), else counted from each
     # answer as it comes back (its prompt tokens less the cached ones its usage names).
     prompt_tokens_computed: int = 0

@@ -158,8 +158,8 @@ class Engine(abc.ABC):
         `work_listener`): the prompt tokens it prefills (prefix-cache hits left out)
         and the tokens it generates. Else the worker counts each request's work when
         its answer comes back, which on an engine running many requests side by side
-        lags the work by a request's time (the ETA's prompt cost fit,
-        batches/estimates.py, reads these figures)."""
+        lags the work by a request's time (the ETA's rate and prompt cost fit,
+        batches/estimates.py, read these figures)."""
         return False
 
     def report_work(self, prompt_tokens: int, output_tokens: int) -> None:
