@@ -313,20 +313,22 @@ def open_chunks() -> dict[str, OpenChunks]:
 
 
 def play(loads: list[eta.Load], chunks: OpenChunks, measured: ModelThroughput,
-         passes: dict[str, float], slots: dict[str, int],
-         workers: dict[str, fleet_selectors.WorkerWork] | None = None) -> dict[str, float]:
+         passes: dict[str, float],
+         workers: dict[str, fleet_selectors.WorkerWork]) -> dict[str, float]:
     """Seconds until each batch's work on `model` is done: the chunk play (eta.
     chunk_finish_times) under the shares dispatch applies (the deadline policy's, or
-    fair share with it off), at one worker's measured rate, after a swap when no live
-    worker holds the model; what the `workers`' engines did of the requests they run
-    now counted off (in cost units at the model's prompt weight)."""
+    fair share with it off), at one worker's measured rate over the model's live
+    `workers` and their slots, after a swap when none holds the model; what their
+    engines did of the requests they run now counted off (in cost units at the
+    model's prompt weight)."""
+    slots = {worker: seen.slots for worker, seen in workers.items()}
     rate = measured.rate
     one = rate / max(len(slots), 1)
     delay = 0.0 if slots else fleet_selectors.swap_seconds_estimate()
     shares = partial(deadlines.deadline_shares, rate=rate) if settings.BATCHGEN_DEADLINE_POLICY \
         else eta.fair_shares
     in_flight = {worker: seen.output_in_flight + measured.prompt_weight * seen.prompt_in_flight
-                 for worker, seen in (workers or {}).items()}
+                 for worker, seen in workers.items()}
     played = eta.chunk_finish_times(loads, chunks.dispatch(loads, slots, passes, in_flight),
                                     one, shares)
     return {batch_id: seconds + delay for batch_id, seconds in played.items()}
@@ -341,8 +343,6 @@ def estimates_refresh(now: datetime | None = None) -> int:
                .values_list(*COLUMNS)}
     histories = {model: answer_history(model) for model in {row[11] for row in batches.values()}}
     work = fleet_selectors.live_worker_work()
-    slots = {model: {worker: figures.slots for worker, figures in workers.items()}
-             for model, workers in work.items()}
     PROGRESS.observe(now, work)
     finish: dict[str, float | None] = {}
     risky: set[str] = set()
@@ -352,7 +352,7 @@ def estimates_refresh(now: datetime | None = None) -> int:
         if weight is None:  # not told apart yet (or a fresh control worker): the last one
             weight = stored[model].prompt_weight if model in stored else 0.0
         measured = model_throughput_measure(
-            model=model, live_workers=len(slots.get(model, {})), now=now,
+            model=model, live_workers=len(work.get(model, {})), now=now,
             stored=stored.get(model),
             progress=PROGRESS.rate(model, prompt_weight=weight),
             early=PROGRESS.rate(model, least=0.0, prompt_weight=weight), prompt_weight=weight)
@@ -365,7 +365,7 @@ def estimates_refresh(now: datetime | None = None) -> int:
         risky.update(load.batch_id for load in loads if deadlines.at_risk(load, measured.rate))
         played = play(loads, chunks, measured,
                       {batch_id: batches[batch_id][12] for batch_id in chunks.left
-                       if batch_id in batches}, slots.get(model, {}), work.get(model))
+                       if batch_id in batches}, work.get(model, {}))
         for batch_id, seconds in played.items():
             if finish.get(batch_id, 0.0) is not None:  # of several models: the last one's
                 finish[batch_id] = max(finish.get(batch_id) or 0.0, seconds)
@@ -446,5 +446,5 @@ def admission_eta(*, model: str, requests: int, window_seconds: float, priority:
     chunks.pending[""] = (max(1, math.ceil(requests / size)), requests)
     passes[""] = starting_pass()  # as batch_validate will give it
     played = play(loads, chunks, measured, passes,
-                  fleet_selectors.live_worker_slots().get(model, {}))
+                  fleet_selectors.live_worker_work().get(model, {}))
     return None if math.isinf(played[""]) else played[""]

@@ -29,8 +29,6 @@ KEY_GAUGES = {  # per API key name: kind -> (metric, help)
     "intake": ("max_intake_requests", "This key's intake quota (absent: no limit)"),
     "tokens": ("tokens_per_day", "This key's daily token quota (absent: no limit)"),
 }
-# Adaptive concurrency: the key in the worker's `admission` (or its signals), the
-# metric's name after batchgen_adaptive_, its help.
 # Each live worker's figures from its heartbeat: (Worker attribute, family, metric
 # name, help); a text attribute is a 1/0 flag (set or empty).
 WORKER_FIGURES = [
@@ -56,6 +54,8 @@ WORKER_FIGURES = [
     ("storage_error", GaugeMetricFamily, "storage_full",
      "1 while this worker holds results the full storage volume cannot take"),
 ]
+# Adaptive concurrency: the key in the worker's `admission` (or its signals), the
+# metric's name after batchgen_adaptive_, its help.
 ADAPTIVE_GAUGES = [
     ("limit", "limit", "Batch requests this worker may have at its engine server now"),
     ("floor", "floor", "The limit's floor (BATCHGEN_ADAPTIVE_FLOOR)"),

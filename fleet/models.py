@@ -42,8 +42,8 @@ class Worker(models.Model):
     # BatchGen's cap), as of its heartbeat; 0 before the engine is ready. The web
     # process shows it when it could not ask the server itself (serving.model_info).
     max_context_length = models.IntegerField(default=0)
-    # Its engines' work so far, as of its heartbeat, for the ETA's cost of a prompt
-    # token (batches/estimates.py): seconds it held at least one request, prompt
+    # Its engines' work so far, as of its heartbeat, for the ETA's rate and cost of a
+    # prompt token (batches/estimates.py): seconds it held at least one request, prompt
     # tokens computed and tokens generated (step by step where the engine tells them,
     # Engine.reports_work, else as each answer came back).
     busy_seconds = models.FloatField(default=0.0)

@@ -50,15 +50,6 @@ def window_for(threads: Iterable[int]) -> int:
     return sum(threads) + 2
 
 
-def live_worker_slots() -> dict[str, dict[str, int]]:
-    """Each model's live workers and their slots: {model: {worker: slots}} (their
-    chunk threads are `chunk_threads` of it)."""
-    found: dict[str, dict[str, int]] = defaultdict(dict)
-    for model, name, capacity in live_workers().values_list("model", "name", "slots_capacity"):
-        found[model][name] = capacity
-    return found
-
-
 class WorkerWork(NamedTuple):
     """A live worker as the ETA's refresh reads it: its slots and its engines' work
     so far (Worker.busy_seconds and the counts beside it)."""
@@ -73,8 +64,9 @@ class WorkerWork(NamedTuple):
 
 
 def live_worker_work() -> dict[str, dict[str, WorkerWork]]:
-    """Each model's live workers, their slots and their work so far:
-    {model: {worker: WorkerWork}}, in one query."""
+    """Each model's live workers, their slots (their chunk threads are
+    `chunk_threads` of it) and their work so far: {model: {worker: WorkerWork}},
+    in one query."""
     found: dict[str, dict[str, WorkerWork]] = defaultdict(dict)
     for model, name, capacity, busy, done, failed, prompt, output, *now in (
             live_workers().values_list("model", "name", "slots_capacity", "busy_seconds",

@@ -251,8 +251,7 @@ class ChunkRunner:
                 usage.add_body(result.body)
             self.ledger.add(work.chunk_id, completed, failed, usage,
                             segment=(segment, sum(map(len, lines))) if segment else None)
-            for _, result in finished:
-                self.state.count(result)
+            self.state.count([result for _, result in finished], usage)
 
     def _must_stop(self, batch_id: str) -> bool:
         return batch_id in self.ledger.stop_batches or self.state.going_away()

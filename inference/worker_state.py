@@ -52,22 +52,24 @@ class WorkerState:
     def __post_init__(self) -> None:
         self.name = self.name or f"{self.hostname}:{os.getpid()}:{int(time.time())}"
 
-    def count(self, result) -> None:
-        """A request's result (an EngineResult) was written and accounted."""
+    def count(self, results: list, usage: Usage) -> None:
+        """Requests' results (EngineResults) were written and accounted; `usage` is
+        their answers' usage summed (the chunk's flush sums it once for both)."""
         with self._stats_lock:
-            if result.error is None:
-                self.completed += 1
-            else:
-                self.failed_requests += 1
-            self.tokens += result.completion_tokens
-            usage = Usage()
-            usage.add_body(result.body)
-            prompt = max(result.prompt_tokens - usage.cached_tokens, 0)
+            output = 0
+            for result in results:
+                if result.error is None:
+                    self.completed += 1
+                else:
+                    self.failed_requests += 1
+                output += result.completion_tokens
+            self.tokens += output
+            prompt = max(usage.input_tokens - usage.cached_tokens, 0)
             self.prompt_tokens_answered += prompt
-            self.tokens_answered += result.completion_tokens
+            self.tokens_answered += output
             if not self.work_from_engine:
                 self.prompt_tokens_computed += prompt
-                self.tokens_computed += result.completion_tokens
+                self.tokens_computed += output
 
     def add_work(self, prompt_tokens: int, output_tokens: int) -> None:
         """An engine step's work, from an engine that reports it (Engine.reports_work)."""

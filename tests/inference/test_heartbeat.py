@@ -10,6 +10,7 @@ import pytest
 from celery.worker import state
 from django.db import OperationalError
 
+from batches.usage import Usage
 from core import outage
 from fleet.models import Worker
 from inference.worker_state import WorkerState
@@ -41,6 +42,19 @@ def test_the_heartbeat_names_claimed_and_prefetched_chunks(runtime_factory):
     assert Worker.objects.get(name=runtime.name).held_chunks == [17, 4242]
 
 
+def answered(*answers: tuple[int, int, int]) -> tuple[list[EngineResult], Usage]:
+    """Results of (prompt tokens, completion tokens, cached prompt tokens), and their
+    answers' usage summed, as a chunk's flush hands them to WorkerState.count."""
+    results = [EngineResult(body={"usage": {
+        "prompt_tokens": prompt, "completion_tokens": output,
+        "prompt_tokens_details": {"cached_tokens": cached}}},
+        prompt_tokens=prompt, completion_tokens=output) for prompt, output, cached in answers]
+    usage = Usage()
+    for result in results:
+        usage.add_body(result.body)
+    return results, usage
+
+
 def test_the_heartbeat_tells_the_work_its_engine_did(runtime_factory):
     """Busy seconds, prompt tokens computed and tokens generated (the ETA's cost
     fit): from each answer for an engine that does not tell its steps (the
@@ -51,10 +65,7 @@ def test_the_heartbeat_tells_the_work_its_engine_did(runtime_factory):
     assert not state.work_from_engine  # the simulated engine tells no steps
     assert slots.try_acquire()
     slots.release()
-    cached = {"usage": {"prompt_tokens": 30, "completion_tokens": 7,
-                        "prompt_tokens_details": {"cached_tokens": 16}}}
-    state.count(EngineResult(body=cached, prompt_tokens=30, completion_tokens=7))
-    state.count(EngineResult(body={}, prompt_tokens=16, completion_tokens=0))
+    state.count(*answered((30, 7, 16), (16, 0, 0)))
     runtime.heartbeat.beat_once()
     row = Worker.objects.get(name=runtime.name)
     assert (row.prompt_tokens_computed, row.tokens_computed) == (30, 7)  # 14 + 16
@@ -62,7 +73,7 @@ def test_the_heartbeat_tells_the_work_its_engine_did(runtime_factory):
 
     state.work_from_engine = True  # as for vLLM: its steps told the work already
     state.add_work(100, 5)
-    state.count(EngineResult(body={}, prompt_tokens=100, completion_tokens=5))
+    state.count(*answered((100, 5, 0)))
     runtime.heartbeat.beat_once()
     row = Worker.objects.get(name=runtime.name)
     assert (row.prompt_tokens_computed, row.tokens_computed) == (130, 12)
@@ -78,7 +89,7 @@ def test_the_work_done_of_requests_still_running_is_told_apart():
     state = WorkerState(work_from_engine=True)
     state.add_work(100, 5)
     assert state.in_flight(idle=False, bound=1000) == (100, 5)
-    state.count(EngineResult(body={}, prompt_tokens=60, completion_tokens=3))
+    state.count(*answered((60, 3, 0)))
     assert state.in_flight(idle=False, bound=1000) == (40, 2)
     assert state.in_flight(idle=False, bound=21) == (20, 1)
     assert state.in_flight(idle=True, bound=1000) == (0, 0)
