@@ -311,6 +311,8 @@ def _account_batches(figures: _BatchFigures, closed_batches: set[str]) -> None:
         tokens = {USAGE_COLUMNS[name]: F(USAGE_COLUMNS[name]) + _by_id(
             {b: getattr(u, name) for b, u in figures.usage.items()}, field_type=BigIntegerField)
             for name in USAGE_FIELDS}
+        tokens["output_limit_done"] = F("output_limit_done") + _by_id(
+            {b: u.output_limit for b, u in figures.usage.items()}, field_type=BigIntegerField)
         Batch.objects.filter(id__in=changed).update(
             completed=F("completed") + _by_id(figures.done),
             failed=F("failed") + _by_id(figures.failed),

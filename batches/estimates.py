@@ -29,7 +29,9 @@ deadline policy dispatch applies (batches/deadlines.py). Its inputs, measured he
   claimed them, its chunk threads and its slots, the broker's window in the order
   it was published, and each batch's pending chunks and stride pass.
 - each batch's work left on each model: its open chunks' requests not yet done,
-  times its cost per request: its own mean so far; before any finished, the
+  times its cost per request: its own mean so far, its answers costed by the
+  output limits of the requests left where its lines name them (eta.left_output:
+  the requests of a small max_tokens end first); before any finished, the
   answer-length prior (eta.answer_prior: what the model's last PRIOR_BATCHES
   finished batches answered for their lines' max_tokens, applied to this batch's
   own, Batch.output_limit_mean) and their prompt tokens (eta.prompt_prior); else
@@ -67,7 +69,8 @@ CHUNKS_PER_WORKER = 8
 # and 12).
 COLUMNS = ("id", "priority", "owner_id", "owner__weight", "expires_at", "completed", "failed",
            "usage_output_tokens", "estimated_completion_at", "at_risk", "output_limit_mean",
-           "model", "dispatch_pass", "usage_input_tokens", "usage_cached_tokens")
+           "model", "dispatch_pass", "usage_input_tokens", "usage_cached_tokens", "total",
+           "output_limit_done")
 # Finished batches the answer-length prior learns from, per model.
 PRIOR_BATCHES = 50
 # An estimate that moved less than this, or less than this fraction of the time it
@@ -391,8 +394,11 @@ def load_of(row: tuple, requests: int, measured: ModelThroughput | None,
     prompt_weight = measured.prompt_weight if measured else 0.0
     fallback = (1.0 + prior + prompt_weight * eta.prompt_prior(history) if prior is not None
                 else measured.cost_per_request if measured else 1.0)
-    cost = eta.request_cost(completed + failed, tokens, fallback, row[13] - row[14],
-                            prompt_weight)
+    done = completed + failed
+    cost = eta.request_cost(done, tokens, fallback, row[13] - row[14], prompt_weight)
+    output = eta.left_output(done, row[15] - done, tokens, row[16], row[10])
+    if output is not None:  # by the limits left: the short answers end first
+        cost = 1.0 + output + prompt_weight * (row[13] - row[14]) / done
     return eta.Load(batch_id=batch_id, remaining=requests * cost, priority=priority,
                     owner=owner_id, weight=weight, chunk=settings.BATCHGEN_CHUNK_SIZE * cost,
                     cost=cost,

@@ -169,6 +169,23 @@ def request_cost(done: int, output_tokens: int, fallback: float = 1.0, prompt_to
     return 1.0 + (output_tokens + prompt_weight * prompt_tokens) / done
 
 
+def left_output(done: int, left: int, tokens: int, limit_done: int,
+                limit_mean: float | None) -> float | None:
+    """The output tokens each of a running batch's `left` requests is expected to
+    answer, from its lines' output limits (max_tokens): its answers so far per token
+    of their limits (`tokens` over `limit_done`, the `done` requests'), times the
+    limits of the requests left (`limit_mean` a line, less the done ones'), per
+    request left. The mean of the answers so far reads low where the short answers
+    end first: an engine with many slots runs a batch's requests side by side, and
+    those of a small limit end first (so a batch with limits of 8 to 24 read its
+    requests left at 60 % of their cost when a tenth was done). With no survivor
+    bias it is that mean. None without the limits."""
+    if not limit_mean or limit_done <= 0 or done <= 0 or left <= 0:
+        return None
+    limits_left = max(limit_mean * (done + left) - limit_done, 0.0)
+    return tokens / limit_done * limits_left / left
+
+
 def answer_prior(history: Sequence[tuple[float, float, int]], limit: float | None) -> float | None:
     """The output tokens a request is expected to answer, before any of its batch
     finished, from the model's finished batches as (mean output limit of their

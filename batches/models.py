@@ -107,6 +107,11 @@ class Batch(models.Model):
     # the batch's max_decoding_length), set at validation; null when a line has none.
     # The ETA's prior for its answers' length before any of them finished.
     output_limit_mean = models.FloatField(null=True, blank=True)
+    # The output token limits of the requests done so far, summed by the workers'
+    # flushes (batches.usage.Usage.output_limit): the ETA costs the requests left by
+    # the limits left, not by the mean of the answers so far (those of a small limit
+    # end first).
+    output_limit_done = models.BigIntegerField(default=0)
 
     class Meta:
         ordering = ["-id"]

@@ -23,6 +23,11 @@ class Usage:
     cached_tokens: int = 0
     output_tokens: int = 0
     reasoning_tokens: int = 0
+    # Not a usage figure the API shows: the output token limits (max_tokens, or the
+    # batch's max_decoding_length) of the requests these results answer, summed
+    # (Batch.output_limit_done, for the ETA: batches/estimates.py). The worker adds
+    # it; an output file cannot tell it.
+    output_limit: int = 0
 
     def add_body(self, body: dict | None) -> None:
         """Add one response body's `usage` (chat, completion or embedding: an
@@ -37,12 +42,12 @@ class Usage:
         self.reasoning_tokens += outputs.get("reasoning_tokens") or 0
 
     def __iadd__(self, other: Usage) -> Usage:
-        for name in USAGE_FIELDS:
+        for name in _FIGURES:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         return self
 
     def __bool__(self) -> bool:
-        return any(getattr(self, name) for name in USAGE_FIELDS)
+        return any(getattr(self, name) for name in _FIGURES)
 
     def as_api(self) -> dict:
         """The shape of openai.types.BatchUsage."""
@@ -55,7 +60,9 @@ class Usage:
         }
 
 
-USAGE_FIELDS = tuple(f.name for f in fields(Usage))
+_FIGURES = tuple(f.name for f in fields(Usage))
+# The usage the API shows: each a Batch column and a KeyUsage one (batches.quotas).
+USAGE_FIELDS = tuple(name for name in _FIGURES if name != "output_limit")
 # The Batch columns that hold each figure.
 USAGE_COLUMNS = {name: f"usage_{name}" for name in USAGE_FIELDS}
 

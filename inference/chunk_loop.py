@@ -61,6 +61,8 @@ class ChunkRun:
     interrupted: bool = False  # requests in flight cancelled for a model swap
     segments: int = 0  # segment objects written (an object store's incremental output)
     held: HeldResults = field(default_factory=HeldResults)  # not yet written (object store)
+    # Each request's output token limit, by custom_id (Usage.output_limit, for the ETA).
+    limits: dict[str, int] = field(default_factory=dict)
 
 
 class ChunkRunner:
@@ -166,6 +168,7 @@ class ChunkRunner:
                 max_context_length=work.params.max_context_length,
             )
             run.pending.append((request, estimate_cost(request)))
+            run.limits[request.custom_id] = request.body.get(spec.output_limit_field) or 0
         try:
             self._loop_requests(run)
         except BaseException:
@@ -247,8 +250,9 @@ class ChunkRunner:
             run.completed += completed
             run.failed += failed
             usage = Usage()
-            for _, result in finished:
+            for custom_id, result in finished:
                 usage.add_body(result.body)
+                usage.output_limit += run.limits.get(custom_id, 0)
             self.ledger.add(work.chunk_id, completed, failed, usage,
                             segment=(segment, sum(map(len, lines))) if segment else None)
             self.state.count([result for _, result in finished], usage)

@@ -20,6 +20,7 @@ from batches.eta import (
     fair_finish_times,
     fair_shares,
     finish_times,
+    left_output,
     measured_rate,
     service_rate,
 )
@@ -81,6 +82,27 @@ def test_the_answer_prior_scales_finished_batches_answers_to_the_limit(history, 
                                                                         expected):
     assert answer_prior(history, limit) == (None if expected is None
                                             else pytest.approx(expected))
+
+
+@pytest.mark.parametrize(("done", "left", "tokens", "limit_done", "limit_mean", "expected"), [
+    # 4 of 10 done, the short ones (limits 8 of a mean 16), answered to their limits:
+    # the 6 left hold 160 - 32 limit tokens, answered alike
+    (4, 6, 32, 32, 16.0, (160 - 32) / 6),
+    # done ones of the mean limit, answered at half of it: the mean so far
+    (4, 6, 32, 64, 16.0, 8.0),
+    # the long ones done first (answers of a limit 24 at 3 / 4): the rest at 3 / 4 of 12
+    (5, 5, 90, 120, 18.0, 0.75 * 12),
+    # the limits left reckoned below none (a line's limit over the mean): none
+    (4, 6, 32, 200, 16.0, 0.0),
+    (4, 6, 32, 0, 16.0, None),  # no limit counted (older workers): no answer
+    (4, 6, 32, 32, None, None),  # lines without a limit
+    (0, 10, 0, 0, 16.0, None),  # nothing done yet: the prior's to say
+    (10, 0, 80, 160, 16.0, None),  # nothing left
+])
+def test_the_requests_left_are_costed_by_their_limits_left(done, left, tokens, limit_done,
+                                                            limit_mean, expected):
+    got = left_output(done, left, tokens, limit_done, limit_mean)
+    assert got == (None if expected is None else pytest.approx(expected))
 
 
 def test_busy_time_leaves_idle_gaps_out():

@@ -433,6 +433,31 @@ def test_a_batch_s_prompt_tokens_cost_at_the_model_s_prompt_weight(running_batch
     assert eta_of(batch, now) == pytest.approx(seconds)
 
 
+@pytest.mark.parametrize(("limit_done", "seconds"), [
+    (4 * 8, (6 + (16 * 10 - 32)) / 10),  # the short ones done: the rest by their limits
+    (4 * 16, 6 * (1 + 8) / 10),  # done ones of the mean limit: the mean so far
+    (0, 6 * (1 + 8) / 10),  # no limits counted: the mean so far
+])
+def test_a_running_batch_s_requests_left_are_costed_by_their_limits(running_batch,
+                                                                    limit_done, seconds):
+    """A batch of max_tokens 8 to 24 whose 4 short ones are done (answered to their
+    limit, 8 each): its 6 left answer 128 tokens between them, not 6 times 8
+    (eta.left_output)."""
+    model = served_model().id
+    live_workers(1, model)
+    now = timezone.now()
+    measured_at(now, model, rate=10)
+    batch = running_batch(10, chunk_size=5)
+    Chunk.objects.filter(batch=batch, index=0).update(completed=4)
+    Batch.objects.filter(id=batch.id).update(completed=4, usage_output_tokens=4 * 8,
+                                             output_limit_mean=16,
+                                             output_limit_done=limit_done)
+
+    estimates.estimates_refresh(now)
+
+    assert eta_of(batch, now) == pytest.approx(seconds)
+
+
 def test_a_batch_whose_work_all_runs_already_ends_with_its_running_chunks(running_batch):
     """Chunks in flight keep their worker whatever the shares: a batch with nothing
     left to dispatch ends when its last chunk closes on the worker holding it, not at

@@ -18,7 +18,7 @@ from files import storage
 from files.incremental import append_lines
 from inference.output import format_line
 from serving.engines.base import EngineResult
-from tests.conftest import jsonl
+from tests.conftest import chat_line, jsonl
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -171,3 +171,35 @@ def test_an_embeddings_batch_counts_prompt_tokens_only(runtime_factory, upload, 
     usage = shown(batch)["usage"]
     assert usage == usage_of_lines(batch)
     assert usage["input_tokens"] > 0 and usage["output_tokens"] == 0
+
+
+def test_the_flushes_sum_the_done_requests_output_limits_which_the_api_does_not_show(
+        runtime_factory, upload, settings):
+    # Given: lines with their own max_tokens, one with none (the batch's
+    # max_decoding_length stands for it), in chunks of 2
+    settings.BATCHGEN_CHUNK_SIZE = 2
+    limits = {"r0": 8, "r1": 30, "r2": None, "r3": 12, "r4": 20}
+    lines = [chat_line(custom_id, f"question {custom_id}",
+                       **({"max_tokens": limit} if limit else {}))
+             for custom_id, limit in limits.items()]
+    file = upload(jsonl(lines))
+    batch = services.batch_create(input_file_id=file["id"], endpoint="/v1/chat/completions",
+                                  model="m", max_decoding_length=40)
+    batch = services.batch_validate(batch_id=batch.id)
+    assert batch.output_limit_mean == (8 + 30 + 40 + 12 + 20) / 5
+    first, *rest = Chunk.objects.filter(batch=batch).order_by("index")
+    runtime = runtime_factory()
+
+    # When: the first chunk runs, then the rest
+    runtime.run_chunk(first.id)
+    after_first = Batch.objects.get(id=batch.id).output_limit_done
+    answered = [orjson.loads(raw)["custom_id"] for raw in storage.absolute(
+        storage.incremental_name(batch.id)).read_bytes().splitlines()]
+    for chunk in rest:
+        runtime.run_chunk(chunk.id)
+
+    # Then: each flush added its requests' limits; the API's usage has no such figure
+    assert len(answered) == 2
+    assert after_first == sum(limits[custom_id] or 40 for custom_id in answered)
+    assert Batch.objects.get(id=batch.id).output_limit_done == 8 + 30 + 40 + 12 + 20
+    assert "output_limit" not in str(shown(batch)["usage"])
