@@ -14,7 +14,11 @@ each batch, the `estimated_completion_at` the API showed while it was still queu
 (no request done yet) and when 10 %, 25 % and 50 % of its requests were done, against
 its real `completed_at`: relative error = |ETA - completed_at| / (completed_at - time
 of the reading); a reading within MIN_LEFT seconds of the end says nothing and is
-left out. Goal: median at most 25 % (queued), 15 %, 10 %, 5 %; p90 reported.
+left out. Goal: median at most 25 % (queued), 15 %, 10 %, 5 %; p90 reported. Beside
+it, one of the ETA's inputs alone (`cost_left`, from the database every second): the
+output tokens of a batch's requests left at 10, 25 and 50 % done, reckoned at the
+mean of its answers so far and by the output limits left (eta.left_output), against
+what they came to.
 
 Windows: three 24 h batches on three keys, then (once the fleet's rate is measured
 from their progress) a batch on a fourth key with a window of `--short-slack` times
@@ -49,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
@@ -62,6 +67,7 @@ from _common import (  # noqa: E402
     write_results,
 )
 
+from batches.eta import left_output  # noqa: E402
 from tests import services  # noqa: E402
 from tests.e2e.harness import fresh_postgres_database  # noqa: E402
 from tests.fleet.fleet import RabbitVhost  # noqa: E402
@@ -114,6 +120,18 @@ class Fleet:
         second, workers, cost per request, prompt weight, as the version run has
         them): what the ETAs were played at, for --trace."""
         return self.query("SELECT row_to_json(t) FROM batches_modelthroughput t")
+
+    def costs(self) -> list[tuple]:
+        """Each batch's figures the cost of its requests left is reckoned from
+        (estimates.load_of): (id, status, total, done, output tokens, the done
+        requests' output limits, the lines' mean limit); none from a checkout
+        before the limits were counted (Batch.output_limit_done)."""
+        try:
+            return self.query("SELECT id, status, total, completed + failed, "
+                              "usage_output_tokens, output_limit_done, output_limit_mean "
+                              "FROM batches_batch")
+        except psycopg.errors.UndefinedColumn:
+            return []
 
     def stop(self) -> None:
         if self.connection is not None:
@@ -293,6 +311,69 @@ def p(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
+@dataclass
+class Trace:
+    """What a run samples beside the polls: the batches' cost figures (Fleet.costs)
+    every second; with --trace also the measured rates and, at the end, every chunk."""
+
+    costs: list[tuple[float, list[tuple]]] = field(default_factory=list)
+    rates: list[tuple[float, list[tuple]]] = field(default_factory=list)
+    chunks: list[tuple] = field(default_factory=list)
+
+    def sample(self, fleet: Fleet, every: bool) -> None:
+        now = time.time()
+        self.costs.append((now, fleet.costs()))
+        if every:
+            self.rates.append((now, fleet.rates()))
+
+    def write(self, path: str, watched: dict[str, Watched]) -> None:
+        """Every reading, for a closer look: (seconds since create, done, total, ETA)."""
+        Path(path).write_text(json.dumps(
+            {"readings": {b.id: [(round(at - b.created, 1), done, total,
+                                  eta and eta - round(b.created))
+                                 for at, _, done, total, eta in b.samples]
+                          for b in watched.values()},
+             "created": {b.id: b.created for b in watched.values()},
+             "chunks": self.chunks, "rates": self.rates, "costs": self.costs}))
+
+
+def cost_left(samples: list[tuple[float, list[tuple]]], label: str) -> dict:
+    """The output tokens of each batch's requests left when 10, 25 and 50 % of it
+    was done, as the ETA would reckon them: at the mean of its answers so far, and
+    by the output limits left (eta.left_output), against what they came to (its
+    final output tokens less those done then). Per point, the signed median of
+    (reckoned - real) / real over the batches; empty from a checkout that does not
+    count the limits."""
+    final = {row[0]: row[4] for _, rows in samples for row in rows if row[1] == "completed"}
+    errors: dict[str, dict[str, list[float]]] = {}
+    seen: set[tuple[str, int]] = set()
+    for _, rows in samples:
+        for batch_id, status, total, done, tokens, limit_done, limit_mean in rows:
+            if batch_id not in final or status != "in_progress" or not total:
+                continue
+            left, real = total - done, final[batch_id] - tokens
+            by_limits = left_output(done, left, tokens, limit_done, limit_mean)
+            for point in (10, 25, 50):
+                if done / total < point / 100 or (batch_id, point) in seen:
+                    continue
+                seen.add((batch_id, point))
+                if real > 0 and by_limits is not None:
+                    found = errors.setdefault(f"{point}%", {"mean_so_far": [], "by_limits": []})
+                    found["mean_so_far"].append((left * tokens / done - real) / real)
+                    found["by_limits"].append((left * by_limits - real) / real)
+    result = {point: {"n": len(found["by_limits"]),
+                      **{way: round(statistics.median(values), 3)
+                         for way, values in found.items()}}
+              for point, found in sorted(errors.items(), key=lambda item: int(item[0][:-1]))}
+    if result:
+        print_table(f"Output tokens of the requests left, reckoned against what they came to "
+                    f"({label}; signed median of (reckoned - real) / real)",
+                    ["point", "batches", "mean so far", "by the limits left"],
+                    [[point, row["n"], row["mean_so_far"], row["by_limits"]]
+                     for point, row in result.items()])
+    return result
+
+
 # --- the scenarios ---------------------------------------------------------------------------
 
 
@@ -312,7 +393,7 @@ def accuracy(work: Path, args, root: Path = ROOT, label: str = "this") -> dict:
         print(f"accuracy ({label}): {args.batches} batches, {args.workers} workers, uploaded",
               flush=True)
         watched: dict[str, Watched] = {}
-        rates: list[tuple] = []  # (when, Fleet.rates()), with --trace
+        trace = Trace()
         started = time.time()
         while len(watched) < len(plan) or not all(b.done() for b in watched.values()):
             while len(watched) < len(plan) and plan[len(watched)][0] <= time.time() - started:
@@ -320,27 +401,20 @@ def accuracy(work: Path, args, root: Path = ROOT, label: str = "this") -> dict:
                 batch = clients[key].create(file_id)
                 watched[batch["id"]] = Watched(batch["id"], key, time.time())
             poll(clients, watched)
-            if args.trace:
-                rates.append((time.time(), fleet.rates()))
+            trace.sample(fleet, every=bool(args.trace))
             if time.time() - started > args.timeout:
                 print("accuracy: timed out", flush=True)
                 break
             time.sleep(POLL)
         wall = time.time() - started
-        chunk_log = fleet.chunk_log() if args.trace else []
+        trace.chunks = fleet.chunk_log() if args.trace else []
     finally:
         fleet.stop()
         if args.trace and fleet.server.log_path:  # the engine's stats lines, kept
             shutil.copy(fleet.server.log_path, f"{args.trace}-{label}.log")
     found, detail, settled = errors(list(watched.values()))
-    if args.trace:  # every reading, for a closer look: (seconds since create, done, total, ETA)
-        Path(f"{args.trace}-{label}.json").write_text(json.dumps(
-            {"readings": {b.id: [(round(at - b.created, 1), done, total,
-                                  eta and eta - round(b.created))
-                                 for at, _, done, total, eta in b.samples]
-                          for b in watched.values()},
-             "created": {b.id: b.created for b in watched.values()},
-             "chunks": chunk_log, "rates": rates}))
+    if args.trace:
+        trace.write(f"{args.trace}-{label}.json", watched)
     rows = [[point, len(v), median(v), p(v, 0.9), goal,
              "met" if v and statistics.median(v) <= goal else "not met",
              len(settled[point]), median(settled[point])]
@@ -353,7 +427,8 @@ def accuracy(work: Path, args, root: Path = ROOT, label: str = "this") -> dict:
         point: {"n": len(v), "median": statistics.median(v) if v else None, "p90": p(v, 0.9),
                 "no_arrival_after": {"n": len(settled[point]), "median":
                                      median(settled[point]) if settled[point] else None}}
-        for point, v in found.items()}, "batches": detail}
+        for point, v in found.items()}, "batches": detail,
+        "cost_left": cost_left(trace.costs, label)}
 
 
 def windows_run(work: Path, args, policy: bool) -> dict:
