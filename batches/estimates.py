@@ -395,10 +395,9 @@ def load_of(row: tuple, requests: int, measured: ModelThroughput | None,
     fallback = (1.0 + prior + prompt_weight * eta.prompt_prior(history) if prior is not None
                 else measured.cost_per_request if measured else 1.0)
     done = completed + failed
-    cost = eta.request_cost(done, tokens, fallback, row[13] - row[14], prompt_weight)
-    output = eta.left_output(done, row[15] - done, tokens, row[16], row[10])
-    if output is not None:  # by the limits left: the short answers end first
-        cost = 1.0 + output + prompt_weight * (row[13] - row[14]) / done
+    cost = eta.request_cost(done, tokens, fallback, row[13] - row[14], prompt_weight,
+                            answer=eta.left_output(done, row[15] - done, tokens, row[16],
+                                                   row[10]))
     return eta.Load(batch_id=batch_id, remaining=requests * cost, priority=priority,
                     owner=owner_id, weight=weight, chunk=settings.BATCHGEN_CHUNK_SIZE * cost,
                     cost=cost,

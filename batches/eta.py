@@ -159,14 +159,16 @@ def fair_finish_times(loads: Sequence[Load], rate: float) -> dict[str, float]:
 
 
 def request_cost(done: int, output_tokens: int, fallback: float = 1.0, prompt_tokens: int = 0,
-                 prompt_weight: float = 0.0) -> float:
+                 prompt_weight: float = 0.0, answer: float | None = None) -> float:
     """What one request of a batch costs, in cost units: one plus its output tokens
     plus its computed prompt tokens at `prompt_weight` (an output token's worth each:
-    the model's, learned, PromptFit), the batch's own mean once some of it finished,
-    else `fallback` (its model's)."""
+    the model's, learned, PromptFit), the batch's own mean once some of it finished
+    (its output tokens `answer` where that is known better: left_output), else
+    `fallback` (its model's)."""
     if done <= 0:
         return fallback
-    return 1.0 + (output_tokens + prompt_weight * prompt_tokens) / done
+    output = output_tokens / done if answer is None else answer
+    return 1.0 + output + prompt_weight * prompt_tokens / done
 
 
 def left_output(done: int, left: int, tokens: int, limit_done: int,

@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import time
 
+import psycopg
+
 from tests.e2e.harness import chat_lines, wait_until
 from tests.fleet.fleet import error_lines
 
@@ -73,5 +75,11 @@ def test_three_workers_on_postgresql_show_etas_that_hold(fleet_backends, start_f
         small_done["completed_at"] - small_read_at, 5.0)  # a refresh's period at least
     assert small_error <= ACCURACY, (small_eta, small_done["completed_at"], small_read_at)
     assert large_done["estimated_completion_at"] is None
+    # Three workers' flushes summed each request's max_tokens on the batch rows
+    # (Batch.output_limit_done, the ETA's limits left), none lost nor counted twice.
+    with psycopg.connect(database_url) as connection:
+        limits = dict(connection.execute(
+            "SELECT id, output_limit_done FROM batches_batch").fetchall())
+    assert (limits[large["id"]], limits[small["id"]]) == (LARGE * 64, SMALL * 64)
     assert api.server_errors == []
     assert error_lines(fleet.logs) == []

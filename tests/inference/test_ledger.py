@@ -99,12 +99,13 @@ def test_usage_goes_out_with_its_chunk_and_survives_a_failed_flush(ledger, datab
     from batches.usage import Usage
 
     ledger.hold(1)
-    ledger.add(1, 1, 0, Usage(input_tokens=5, output_tokens=2))
+    ledger.add(1, 1, 0, Usage(input_tokens=5, output_tokens=2, output_limit=16))
     database.fail_next = True
     with pytest.raises(ConnectionError):
         ledger.flush()
-    ledger.add(1, 1, 0, Usage(input_tokens=1, output_tokens=1))
+    ledger.add(1, 1, 0, Usage(input_tokens=1, output_tokens=1, output_limit=8))
 
     ledger.flush()
 
-    assert database.flushes[-1]["usage"] == {1: Usage(input_tokens=6, output_tokens=3)}
+    assert database.flushes[-1]["usage"] == {1: Usage(input_tokens=6, output_tokens=3,
+                                                      output_limit=24)}
