@@ -347,7 +347,8 @@ class Held:
     chunks: tuple[tuple[str, float], ...] = ()
     slots: int = 1
     # The cost units its engine did already of the requests it runs now, as the
-    # worker says (an engine that tells its steps; none from the others).
+    # worker says (an engine that tells its steps; none from the others). Counted off
+    # only while nothing follows them (_ChunkPlay.lead).
     done: float = 0.0
 
 
@@ -440,9 +441,9 @@ class _Stream:
         """When the chunk of `requests` of `cost` each that ends at position `end`,
         added at `now`, closes: when its last request ends. Requests found in the
         engine at the start count whole but for what the worker says its engine
-        did of them (`lead`: an engine that tells its steps), not a guess: a
-        chunk's last requests are its longest, and taking them as half through read
-        the tails of chunks early on the real engine."""
+        did of them where nothing follows them (`lead`: _ChunkPlay.lead), not a
+        guess: a chunk's last requests are its longest, and taking them as half
+        through read the tails of chunks early on the real engine."""
         if requests <= 0:
             return now
         done = self.done_at(now)
@@ -460,11 +461,12 @@ class _ChunkPlay:
                  shares: ShareFunction) -> None:
         self.loads = {load.batch_id: load for load in loads}
         self.state, self.shares = state, shares
-        self.streams = [_Stream(held.slots, worker_rate, held.done) for held in state.workers]
         self.holding = [0] * len(state.workers)  # chunks each worker holds
         self.queue = deque(state.queued)
         self.pending = {batch: [chunks, requests] for batch, (chunks, requests)
                         in state.pending.items() if chunks > 0 and batch in self.loads}
+        self.streams = [_Stream(held.slots, worker_rate, self.lead(held))
+                        for held in state.workers]
         self.left = Counter(batch for held in state.workers for batch, _ in held.chunks)
         self.left.update(batch for batch, _ in self.queue)
         self.left.update({batch: chunks for batch, (chunks, _) in self.pending.items()})
@@ -484,6 +486,22 @@ class _ChunkPlay:
 
     def cost(self, batch: str) -> float:
         return self.loads[batch].cost if batch in self.loads else 1.0
+
+    def lead(self, held: Held) -> float:
+        """What `held`'s engine did of the requests in it (Held.done), counted off its
+        stream only while no request follows them: none waits for its slots, none is
+        in the broker's window or pending. Then the engine has just their work left.
+        While requests follow, the engine prefills each as a slot frees, in the same
+        steps as it decodes the ones in it, so those go no faster for the prompts
+        they had computed: with their admissions staggered, the one admitted k-th
+        ends about when the stream, started now, reaches it (a request's time in
+        full slots is the slots' work over the rate, and the k-th has k of those
+        parts left). Counting the work done off there read the real engine's ETAs of
+        running batches early by a median 15 % (5 % on larger batches), against 8 %
+        (3 %) without (docs/benchmarks.md, "The work in the engine")."""
+        follows = self.queue or self.pending or \
+            sum(work / self.cost(batch) for batch, work in held.chunks) > held.slots
+        return 0.0 if follows else held.done
 
     def hold(self, worker: int, batch: str, work: float) -> None:
         """`worker` holds a chunk from now: its requests join the worker's stream."""

@@ -311,17 +311,31 @@ def test_the_chunk_play(case, workers, queued, pending, window, expected):
     # 3 units are left, at the whole rate.
     ("what the engine did of the requests in it is counted off",
      Held(3, (("a", 6.0),), slots=64, done=3.0), {"a": 1.0}, {"a": 3}),
-    # 2 units done: the stream is 2 s ahead, so b's requests take the slots a's free
-    # from 2 s (6 s, not 8); a's last request still shares the engine with three.
-    ("the chunk waiting for slots starts as much sooner",
+    # b waits for a's slots: the engine will prefill b's requests in the steps that
+    # finish a's, so the 2 units it did of a's are not counted off (_ChunkPlay.lead).
+    ("what the engine did is not counted off while a chunk waits for slots",
      Held(3, (("a", 4.0), ("b", 4.0)), slots=4, done=2.0), {"a": 1.0, "b": 1.0},
-     {"a": 4, "b": 6}),
+     {"a": 4, "b": 8}),
 ])
 def test_a_worker_runs_its_chunks_requests_side_by_side_in_its_slots(case, held, costs, expected):
     loads = [Load(batch, sum(work for name, work in held.chunks if name == batch), cost=cost)
              for batch, cost in costs.items()]
     finish = chunk_finish_times(loads, Dispatch(workers=(held,)), 1.0)
     assert finish == pytest.approx(expected), case
+
+
+def test_what_the_engine_did_is_counted_off_only_while_nothing_follows():
+    # Six requests in the engine, 3 of their 6 units done. Alone, 3 units are left
+    # (3 s). With a chunk in the broker's window, or pending, that the worker takes
+    # at once, its request is prefilled beside them: nothing is counted off.
+    held = Held(3, (("a", 6.0),), slots=64, done=3.0)
+    loads = [Load("a", 6.0), Load("b", 1.0)]
+    assert chunk_finish_times(loads[:1], Dispatch(workers=(held,)), 1.0) == \
+        pytest.approx({"a": 3})
+    window = Dispatch(workers=(held,), queued=(("b", 1.0),))
+    assert chunk_finish_times(loads, window, 1.0) == pytest.approx({"a": 7, "b": 7})
+    pending = Dispatch(workers=(held,), pending={"b": (1, 1)}, passes={"b": 0.0})
+    assert chunk_finish_times(loads, pending, 1.0) == pytest.approx({"a": 7, "b": 7})
 
 
 def test_the_chunk_play_follows_the_shares_it_is_given():
