@@ -33,6 +33,9 @@ short batch misses).
     flock /tmp/batchgen-heavy.lock .venv/bin/python benchmarks/eta.py --engine vllm \\
         --only accuracy --workers 1 --slots 64 --batches 12 --largest 120 --arrivals 120 \\
         --kinds 8,16,32          # the real engine, ~9 min (6 batches over 60 s: ~5 min)
+    flock /tmp/batchgen-heavy.lock .venv/bin/python benchmarks/eta.py --engine vllm \\
+        --only accuracy --workers 1 --slots 64 --batches 10 --largest 600 --arrivals 150 \\
+        --kinds 8,16,32 --timeout 1500 --seed 2     # larger batches on the real engine, ~8 min
 
 benchmarks/eta_model.py is the discrete-event model of the same questions (no
 processes, a minute, deterministic): the policy's quick check while changing it.
