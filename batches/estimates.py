@@ -323,7 +323,7 @@ def play(loads: list[eta.Load], chunks: OpenChunks, measured: ModelThroughput,
     fair share with it off), at one worker's measured rate over the model's live
     `workers` and their slots, after a swap when none holds the model; what their
     engines did of the requests they run now counted off while nothing follows
-    those (in cost units at the model's prompt weight; eta._ChunkPlay.lead)."""
+    those (in cost units at the model's prompt weight; eta._ChunkPlay.counted_off)."""
     slots = {worker: seen.slots for worker, seen in workers.items()}
     rate = measured.rate
     one = rate / max(len(slots), 1)

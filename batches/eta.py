@@ -348,7 +348,7 @@ class Held:
     slots: int = 1
     # The cost units its engine did already of the requests it runs now, as the
     # worker says (an engine that tells its steps; none from the others). Counted off
-    # only while nothing follows them (_ChunkPlay.lead).
+    # only while nothing follows them (_ChunkPlay.counted_off).
     done: float = 0.0
 
 
@@ -441,9 +441,10 @@ class _Stream:
         """When the chunk of `requests` of `cost` each that ends at position `end`,
         added at `now`, closes: when its last request ends. Requests found in the
         engine at the start count whole but for what the worker says its engine
-        did of them where nothing follows them (`lead`: _ChunkPlay.lead), not a
-        guess: a chunk's last requests are its longest, and taking them as half
-        through read the tails of chunks early on the real engine."""
+        did of them where nothing follows them (`lead`, in seconds, from
+        _ChunkPlay.counted_off), not a guess: a chunk's last requests are its
+        longest, and taking them as half through read the tails of chunks early on
+        the real engine."""
         if requests <= 0:
             return now
         done = self.done_at(now)
@@ -465,7 +466,7 @@ class _ChunkPlay:
         self.queue = deque(state.queued)
         self.pending = {batch: [chunks, requests] for batch, (chunks, requests)
                         in state.pending.items() if chunks > 0 and batch in self.loads}
-        self.streams = [_Stream(held.slots, worker_rate, self.lead(held))
+        self.streams = [_Stream(held.slots, worker_rate, self.counted_off(held))
                         for held in state.workers]
         self.left = Counter(batch for held in state.workers for batch, _ in held.chunks)
         self.left.update(batch for batch, _ in self.queue)
@@ -487,7 +488,7 @@ class _ChunkPlay:
     def cost(self, batch: str) -> float:
         return self.loads[batch].cost if batch in self.loads else 1.0
 
-    def lead(self, held: Held) -> float:
+    def counted_off(self, held: Held) -> float:
         """What `held`'s engine did of the requests in it (Held.done), counted off its
         stream only while no request follows them: none waits for its slots, none is
         in the broker's window or pending. Then the engine has just their work left.

@@ -312,7 +312,7 @@ def test_the_chunk_play(case, workers, queued, pending, window, expected):
     ("what the engine did of the requests in it is counted off",
      Held(3, (("a", 6.0),), slots=64, done=3.0), {"a": 1.0}, {"a": 3}),
     # b waits for a's slots: the engine will prefill b's requests in the steps that
-    # finish a's, so the 2 units it did of a's are not counted off (_ChunkPlay.lead).
+    # finish a's, so the 2 units it did of a's are not counted off (_ChunkPlay.counted_off).
     ("what the engine did is not counted off while a chunk waits for slots",
      Held(3, (("a", 4.0), ("b", 4.0)), slots=4, done=2.0), {"a": 1.0, "b": 1.0},
      {"a": 4, "b": 8}),
