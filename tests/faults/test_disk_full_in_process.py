@@ -225,9 +225,10 @@ def test_batch_cancelled_while_the_disk_is_full_keeps_what_was_written(
     assert api.get("/health").status_code == 503
     assert runtime.queue_switch.paused == [True]
     full_disk["full"] = False
-    wait_until(lambda: not runtime.storage_error, timeout=10,
-               message="the heartbeat's probe to find room")
-    assert runtime.queue_switch.paused == [True, False]
+    # (the heartbeat's thread clears the error, then switches the queue back on)
+    wait_until(lambda: runtime.queue_switch.paused == [True, False], timeout=10,
+               message="the heartbeat's probe to find room and resume the queue")
+    assert not runtime.storage_error
 
 
 def test_worker_stopped_while_the_disk_is_full_hands_the_chunk_back(
