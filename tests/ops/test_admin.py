@@ -4,7 +4,7 @@ workers and the pool dashboard; read-only where a hand edit would break invarian
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.contrib.admin.utils import quote
@@ -12,7 +12,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from batches.admin import batch_progress, incremental_tail
-from batches.models import Batch
+from batches.models import Batch, Chunk
 from files import storage
 from files.incremental import append_lines
 from files.models import File
@@ -324,6 +324,21 @@ def test_chunk_list_filtered_by_batch(admin_client, make_batch, run_chunk):
     assert f"{batch.id}#0" in html and f"{batch.id}#2" in html
     assert f"{other.id}#0" not in html
     assert "host-z:7:1" in html
+
+
+def test_a_chunk_s_page_says_when_it_was_claimed_and_when_its_last_request_went_in(
+        admin_client, make_batch):
+    chunk = chunks_of(make_batch(2))[0]
+    Chunk.objects.filter(id=chunk.id).update(
+        claimed_at=datetime(2026, 12, 5, 9, 0, tzinfo=UTC),
+        admitted_at=datetime(2026, 12, 5, 9, 1, tzinfo=UTC))
+
+    page = admin_client.get(f"/admin/batches/chunk/{chunk.id}/change/")
+
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert "Claimed at" in html and "Admitted at" in html
+    assert "9 a.m." in html and "9:01 a.m." in html
 
 
 # --- files, workers, dashboard --------------------------------------------------------
