@@ -384,8 +384,7 @@ class ChunkAdmin(ReadOnlyAdmin):
     show_full_result_count = False
     readonly_fields = ["batch_link", "index", "status", "start_offset", "end_offset",
                        "first_line", "count", "completed", "failed", "attempts", "worker",
-                       "lease_expires_at", "published_at", "claimed_at", "admitted_at",
-                       "finished_at"]
+                       "lease_expires_at", "published_at", "claimed_at", "finished_at"]
     fields = readonly_fields
 
     @admin.display(description="batch", ordering="batch_id")

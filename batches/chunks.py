@@ -18,7 +18,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -26,7 +26,6 @@ from django.db.models import (
     BigIntegerField,
     Case,
     CharField,
-    DateTimeField,
     Exists,
     F,
     IntegerField,
@@ -89,7 +88,7 @@ def chunk_claim(*, chunk_id: int, worker: str) -> ChunkWork | None:
                                                  lease_expires_at__lt=now)
     claimed = Chunk.objects.filter(Q(id=chunk_id) & claimable).update(
         status=ChunkStatus.RUNNING, worker=worker, lease_expires_at=lease_deadline(),
-        attempts=F("attempts") + 1, claimed_at=now, admitted_at=None,
+        attempts=F("attempts") + 1, claimed_at=now,
     )
     if not claimed:
         return None
@@ -146,8 +145,7 @@ def chunks_flush(*, worker: str, progress: dict[int, Counts] | None = None,
                  releasing: dict[int, Counts] | None = None,
                  holding: Iterable[int] = (),
                  usage: dict[int, Usage] | None = None,
-                 segments: dict[int, list[tuple[str, int]]] | None = None,
-                 admitted: dict[int, float] | None = None) -> FlushResult:
+                 segments: dict[int, list[tuple[str, int]]] | None = None) -> FlushResult:
     """Everything a worker has to say about its chunks since the last flush, in one
     transaction: results written (`progress`), chunks finished (`closing`: done, or
     skipped when their batch stopped) and chunks handed back (`releasing`: the worker
@@ -162,9 +160,7 @@ def chunks_flush(*, worker: str, progress: dict[int, Counts] | None = None,
     the written lines and accounts them itself (its usage is counted at finalization,
     which recomputes it from the output file). On an object store the chunk's
     `segments` (name, size) written since the last flush are recorded with its
-    counts, and like them only while the worker holds the chunk (files.segments).
-    `admitted`: when (Unix seconds) the last request of a held chunk went to the
-    engine (Chunk.admitted_at, for the ETA)."""
+    counts, and like them only while the worker holds the chunk (files.segments)."""
     progress, closing, releasing = progress or {}, closing or {}, releasing or {}
     usage = usage or {}
     result = FlushResult()
@@ -179,7 +175,7 @@ def chunks_flush(*, worker: str, progress: dict[int, Counts] | None = None,
             Chunk.objects.filter(id__in=list(rows)).update(
                 completed=F("completed") + _by_id({k: v[0] for k, v in counts.items()}),
                 failed=F("failed") + _by_id({k: v[1] for k, v in counts.items()}),
-                lease_expires_at=lease_deadline(), **_admitted(rows, admitted or {}))
+                lease_expires_at=lease_deadline())
         figures = _BatchFigures.of(rows, counts, usage)
         closed_batches = _close_chunks(rows, counts, closing, figures, result)
         released = _release_chunks(rows, releasing)
@@ -203,17 +199,6 @@ def chunks_flush(*, worker: str, progress: dict[int, Counts] | None = None,
 
 # chunk id -> (batch id, count, completed, failed, index), as locked by a flush
 HeldRows = dict[int, tuple[str, int, int, int, int]]
-
-
-def _admitted(rows: HeldRows, admitted: dict[int, float]) -> dict:
-    """The flush's UPDATE of admitted_at for the held chunks whose last request went
-    to the engine (the others keep theirs)."""
-    held = {chunk_id: datetime.fromtimestamp(when, tz=UTC)
-            for chunk_id, when in admitted.items() if chunk_id in rows}
-    if not held:
-        return {}
-    return {"admitted_at": Case(*[When(pk=pk, then=Value(when)) for pk, when in held.items()],
-                                default=F("admitted_at"), output_field=DateTimeField())}
 
 
 def _lock_held_chunks(worker: str, wanted: set[int]) -> HeldRows:

@@ -248,13 +248,12 @@ def answer_history(model: str) -> list[tuple[float, float, int, float]]:
 @dataclass
 class OpenChunks:
     """A model's open chunks of running batches, as the chunk play needs them:
-    requests left per batch, the running ones (worker, batch, requests left, seconds
-    since their last request went to the engine or None) in the order they were
-    claimed, the queued ones in the order they were published, and the pending ones
-    per batch (chunks, requests)."""
+    requests left per batch, the running ones (worker, batch, requests left) in the
+    order they were claimed, the queued ones in the order they were published, and
+    the pending ones per batch (chunks, requests)."""
 
     left: dict[str, int] = field(default_factory=dict)
-    running: list[tuple[str, str, int, float | None]] = field(default_factory=list)
+    running: list[tuple[str, str, int]] = field(default_factory=list)
     queued: list[tuple[str, int]] = field(default_factory=list)
     pending: dict[str, tuple[int, int]] = field(default_factory=dict)
 
@@ -270,21 +269,16 @@ class OpenChunks:
         the requests it runs now (`in_flight`, Held.done)."""
         cost = {load.batch_id: load.cost for load in loads}
         held: dict[str, list[tuple[str, float]]] = {worker: [] for worker in slots}
-        admitted: dict[str, list[float | None]] = {worker: [] for worker in slots}
         orphans = []
-        for worker, batch_id, left, since in self.running:
+        for worker, batch_id, left in self.running:
             work = (batch_id, left * cost.get(batch_id, 1.0))
-            if worker in held:
-                held[worker].append(work)
-                admitted[worker].append(since)
-            else:
-                orphans.append(work)
+            (held[worker] if worker in held else orphans).append(work)
         if not slots:  # no live worker holds the model: one will, after a swap
-            slots, held, admitted = {"": settings.BATCHGEN_MAX_POOL_SIZE}, {"": []}, {"": []}
+            slots, held = {"": settings.BATCHGEN_MAX_POOL_SIZE}, {"": []}
         threads = {worker: fleet_selectors.chunk_threads(count) for worker, count in slots.items()}
         return eta.Dispatch(
             workers=tuple(eta.Held(threads[worker], tuple(held[worker]), slots[worker],
-                                   (in_flight or {}).get(worker, 0.0), tuple(admitted[worker]))
+                                   (in_flight or {}).get(worker, 0.0))
                           for worker in slots),
             queued=tuple(orphans + [(batch_id, left * cost.get(batch_id, 1.0))
                                     for batch_id, left in self.queued]),
@@ -292,23 +286,21 @@ class OpenChunks:
             pending=self.pending, passes=passes)
 
 
-def open_chunks(now: datetime | None = None) -> dict[str, OpenChunks]:
-    """Each served model's OpenChunks at `now`, in two queries: the running and
-    queued chunks one by one (a few per worker), the pending ones summed per batch."""
-    now = now or timezone.now()
+def open_chunks() -> dict[str, OpenChunks]:
+    """Each served model's OpenChunks, in two queries: the running and queued chunks
+    one by one (a few per worker), the pending ones summed per batch."""
     found: dict[str, OpenChunks] = defaultdict(OpenChunks)
     flying = (Chunk.objects.filter(status__in=(ChunkStatus.RUNNING, ChunkStatus.QUEUED),
                                    batch__status=BatchStatus.IN_PROGRESS)
               .annotate(left=Greatest(F("count") - F("completed") - F("failed"), 0))
               .order_by(F("claimed_at").asc(nulls_last=True),
                         F("published_at").asc(nulls_last=True), "id")
-              .values_list("model", "batch_id", "status", "worker", "left", "admitted_at"))
-    for model, batch_id, status, worker, left, admitted_at in flying:
+              .values_list("model", "batch_id", "status", "worker", "left"))
+    for model, batch_id, status, worker, left in flying:
         chunks = found[chunk_model(model)]
         chunks.add(batch_id, left)
         if status == ChunkStatus.RUNNING:
-            since = None if admitted_at is None else max((now - admitted_at).total_seconds(), 0.0)
-            chunks.running.append((worker, batch_id, left, since))
+            chunks.running.append((worker, batch_id, left))
         else:
             chunks.queued.append((batch_id, left))
     for row in (Chunk.objects.filter(status=ChunkStatus.PENDING,
@@ -358,7 +350,7 @@ def estimates_refresh(now: datetime | None = None) -> int:
     finish: dict[str, float | None] = {}
     risky: set[str] = set()
     stored = {row.model: row for row in ModelThroughput.objects.all()}
-    for model, chunks in open_chunks(now).items():
+    for model, chunks in open_chunks().items():
         weight = PROGRESS.prompt_weight(model)
         if weight is None:  # not told apart yet (or a fresh control worker): the last one
             weight = stored[model].prompt_weight if model in stored else 0.0
@@ -444,7 +436,7 @@ def admission_eta(*, model: str, requests: int, window_seconds: float, priority:
     measured = ModelThroughput.objects.filter(model=model).first()
     if measured is None or measured.rate <= 0:
         return None
-    chunks = open_chunks(now).get(model, OpenChunks())
+    chunks = open_chunks().get(model, OpenChunks())
     rows = {row[0]: row for row in Batch.objects.filter(id__in=list(chunks.left))
             .values_list(*COLUMNS)}
     history = answer_history(model)

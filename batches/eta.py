@@ -350,9 +350,6 @@ class Held:
     # worker says (an engine that tells its steps; none from the others). Counted off
     # only while nothing follows them (_ChunkPlay.counted_off).
     done: float = 0.0
-    # Per chunk held, seconds since its last request went to the engine, as the worker
-    # says (Chunk.admitted_at; None: some are still to go, or not said).
-    admitted: tuple[float | None, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,22 +437,14 @@ class _Stream:
             i += 1
         return total
 
-    def close(self, end: float, requests: float, cost: float, now: float,
-              since: float | None = None) -> float:
+    def close(self, end: float, requests: float, cost: float, now: float) -> float:
         """When the chunk of `requests` of `cost` each that ends at position `end`,
         added at `now`, closes: when its last request ends. Requests found in the
         engine at the start count whole but for what the worker says its engine
         did of them where nothing follows them (`lead`, in seconds, from
         _ChunkPlay.counted_off), not a guess: a chunk's last requests are its
         longest, and taking them as half through read the tails of chunks early on
-        the real engine.
-
-        A chunk whose last request went to the engine `since` seconds ago (as its
-        worker says, Held.admitted) is played from then, not from now: played from
-        now, it closed a full engine's share of work after now however long it had
-        run, 15 s on this machine's CPU engine for a chunk with 3 s left. One found
-        running past its play closes no sooner than one request's cost at the
-        engine's whole rate."""
+        the real engine."""
         if requests <= 0:
             return now
         done = self.done_at(now)
@@ -463,9 +452,6 @@ class _Stream:
         limit = (self.slots - 1) * cost
         shared = self.beside(max(end - self.slots, done), end - 1, cost, limit)
         shared += self.beside(end, self.position, cost, limit - shared)
-        if since is not None:
-            return max(now - since + (cost + min(shared, limit)) / self.rate,
-                       now + cost / self.rate)
         return max(admitted, now) + (cost + min(shared, limit)) / self.rate
 
 
@@ -492,14 +478,12 @@ class _ChunkPlay:
         self.members: frozenset[str] = frozenset()
         # (when it closes, order taken, worker, batch, cost units): the chunks held
         self.closes: list[tuple[float, int, int, str, float]] = []
-        # this instant's, unsettled: (worker, batch, cost units, end, Held.admitted)
-        self.taken: list[tuple[int, str, float, float, float | None]] = []
+        self.taken: list[tuple[int, str, float, float]] = []  # this instant's, unsettled
         self.order = 0
         self.now = 0.0
         for worker, held in enumerate(state.workers):
-            for i, (batch, work) in enumerate(held.chunks):
-                self.hold(worker, batch, work,
-                          held.admitted[i] if i < len(held.admitted) else None)
+            for batch, work in held.chunks:
+                self.hold(worker, batch, work)
 
     def cost(self, batch: str) -> float:
         return self.loads[batch].cost if batch in self.loads else 1.0
@@ -520,19 +504,18 @@ class _ChunkPlay:
             sum(work / self.cost(batch) for batch, work in held.chunks) > held.slots
         return 0.0 if follows else held.done
 
-    def hold(self, worker: int, batch: str, work: float, since: float | None = None) -> None:
-        """`worker` holds a chunk from now: its requests join the worker's stream
-        (`since`: Held.admitted)."""
+    def hold(self, worker: int, batch: str, work: float) -> None:
+        """`worker` holds a chunk from now: its requests join the worker's stream."""
         end = self.streams[worker].add(work / self.cost(batch), self.cost(batch), self.now)
         self.holding[worker] += 1
-        self.taken.append((worker, batch, work, end, since))
+        self.taken.append((worker, batch, work, end))
 
     def settle(self) -> None:
         """When the chunks taken at this instant close, worked out once all of them
         are in (they share their worker's engine)."""
-        for worker, batch, work, end, since in self.taken:
+        for worker, batch, work, end in self.taken:
             cost = self.cost(batch)
-            when = self.streams[worker].close(end, work / cost, cost, self.now, since)
+            when = self.streams[worker].close(end, work / cost, cost, self.now)
             self.order += 1
             heapq.heappush(self.closes, (when, self.order, worker, batch, work))
         self.taken.clear()

@@ -192,9 +192,6 @@ class Chunk(models.Model):
     # engine, from which each model's throughput is measured (batches/estimates.py).
     claimed_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    # When the worker that claimed it last sent its last request to the engine (none
-    # since the claim: null): the ETA plays its close from there, not from now.
-    admitted_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -226,8 +226,6 @@ class ChunkRunner:
             # One hand-over to the engine loop for everything admitted at once.
             self.engines.loop.call_soon_threadsafe(self._start_requests, admitted, run)
             run.outstanding += count
-            if not run.pending:  # the chunk's last request: the ETA plays its close from now
-                self.ledger.admitted(run.work.chunk_id)
 
     def _record(self, run: ChunkRun, finished: list[tuple[str, EngineResult]],
                 last: bool = False) -> None:

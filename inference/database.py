@@ -52,11 +52,10 @@ class WorkerDatabase:
     def flush(self, *, progress: dict[int, Counts], closing: dict[int, Counts],
               releasing: dict[int, Counts], holding: Iterable[int],
               usage: dict[int, Usage] | None = None,
-              segments: dict[int, list[tuple[str, int]]] | None = None,
-              admitted: dict[int, float] | None = None) -> FlushResult:
+              segments: dict[int, list[tuple[str, int]]] | None = None) -> FlushResult:
         return self._run(chunks.chunks_flush, worker=self.worker, progress=progress,
                          closing=closing, releasing=releasing, holding=list(holding),
-                         usage=usage, segments=segments, admitted=admitted)
+                         usage=usage, segments=segments)
 
     # --- batches shown waiting on a full volume ---------------------------------------------
 

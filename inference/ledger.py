@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from concurrent.futures import Future
 
 from batches.chunks import Counts, FlushResult
@@ -47,8 +46,6 @@ class ChunkLedger:
         self._usage: dict[int, Usage] = {}
         # chunk -> segments (name, size) written on an object store since the last flush
         self._segments: dict[int, list[tuple[str, int]]] = {}
-        # chunk -> when (Unix seconds) its last request went to the engine, unsent
-        self._admitted: dict[int, float] = {}
         self._waiting: dict[int, Future] = {}
         self._lost: set[int] = set()
         self.urgent = threading.Event()  # a thread waits on the next flush
@@ -72,11 +69,6 @@ class ChunkLedger:
                     _add_usage(self._usage, chunk_id, usage)
                 if segment:
                     self._segments.setdefault(chunk_id, []).append(segment)
-
-    def admitted(self, chunk_id: int) -> None:
-        """The chunk's last request went to the engine now (Chunk.admitted_at)."""
-        with self._lock:
-            self._admitted[chunk_id] = time.time()
 
     def drop(self, chunk_id: int) -> None:
         """The chunk's thread failed: stop renewing its lease (what it wrote is still
@@ -124,30 +116,27 @@ class ChunkLedger:
     # --- the flusher thread -------------------------------------------------------------
 
     def has_news(self) -> bool:
-        return bool(self._progress or self._closing or self._releasing or self._admitted)
+        return bool(self._progress or self._closing or self._releasing)
 
     def flush(self) -> FlushResult | None:
         """Send everything gathered so far; on failure keep it for the next flush."""
         with self._lock:
             self.urgent.clear()
             progress, closing, releasing = self._progress, self._closing, self._releasing
-            usage, segments, admitted = self._usage, self._segments, self._admitted
+            usage, segments = self._usage, self._segments
             self._progress, self._closing, self._releasing = {}, {}, {}
-            self._usage, self._segments, self._admitted = {}, {}, {}
+            self._usage, self._segments = {}, {}
             held = set(self._held)
         if not (progress or closing or releasing or held):
             return None
         try:
             extra = {"segments": segments} if segments else {}
-            if admitted:
-                extra["admitted"] = admitted
             result = self._flush(progress=progress, closing=closing, releasing=releasing,
                                  holding=held, usage=usage, **extra)
         except BaseException:
             with self._lock:
                 for chunk_id, tokens in usage.items():
                     _add_usage(self._usage, chunk_id, tokens)
-                self._admitted = admitted | self._admitted
                 for chunk_id, written in segments.items():
                     self._segments[chunk_id] = written + self._segments.get(chunk_id, [])
                 for gathered, pending in ((progress, self._progress),

@@ -5,7 +5,6 @@ workers flush, dispatch, cancel and admit at once on PostgreSQL."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from django.db import connection
@@ -74,30 +73,6 @@ def test_a_chunk_whose_lease_was_taken_is_lost_and_its_counts_are_not_kept(runni
     assert result.lost == {taken}
     assert Batch.objects.get(id=batch.id).completed == 1
     assert Chunk.objects.get(id=taken).completed == 0
-
-
-def test_a_flush_records_when_a_held_chunks_last_request_went_in_until_it_is_claimed_again(
-        running_batch):
-    batch = running_batch(6, chunk_size=2)
-    first, second, taken = claim_all(batch, "w1")
-    Chunk.objects.filter(id=taken).update(worker="w2")
-    went_in = time.time() - 5
-
-    with CaptureQueriesContext(connection) as said:
-        chunks.chunks_flush(worker="w1", progress={first: (1, 0)},
-                            holding=[first, second, taken],
-                            admitted={first: went_in, taken: went_in})
-    with CaptureQueriesContext(connection) as unsaid:
-        chunks.chunks_flush(worker="w1", progress={second: (1, 0)}, holding=[first, second])
-    assert len(said) == len(unsaid)  # in the flush's one UPDATE of the chunks
-
-    admitted = dict(Chunk.objects.values_list("id", "admitted_at"))
-    assert admitted[first].timestamp() == pytest.approx(went_in, abs=1e-3)
-    assert (admitted[second], admitted[taken]) == (None, None)  # not said; not held
-    # A new attempt has sent nothing to the engine yet.
-    Chunk.objects.filter(id=first).update(status=ChunkStatus.QUEUED, worker="")
-    assert chunks.chunk_claim(chunk_id=first, worker="w3") is not None
-    assert Chunk.objects.get(id=first).admitted_at is None
 
 
 def test_a_flush_tells_which_held_batches_must_stop(running_batch):

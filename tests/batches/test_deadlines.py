@@ -338,26 +338,6 @@ def test_what_the_engine_did_is_counted_off_only_while_nothing_follows():
     assert chunk_finish_times(loads, pending, 1.0) == pytest.approx({"a": 7, "b": 7})
 
 
-def test_a_chunk_all_in_the_engine_is_played_from_when_its_last_request_went_in():
-    # Four requests of one unit on four slots: played from now, the chunk closes at
-    # 4 s (its request and the three beside it). Its worker says the last went in
-    # 3 s ago: 1 s is left. One found running past its play (10 s ago) closes no
-    # sooner than one request's cost at the engine's rate: 0.25 s at 4 units a second.
-    loads = [Load("a", 4.0)]
-
-    def close(admitted: tuple, rate: float = 1.0) -> float:
-        held = Held(1, (("a", 4.0),), slots=4, admitted=admitted)
-        return chunk_finish_times(loads, Dispatch(workers=(held,)), rate)["a"]
-
-    assert close(()) == close((None,)) == pytest.approx(4)
-    assert close((3.0,)) == pytest.approx(1)
-    assert close((10.0,), rate=4.0) == pytest.approx(0.25)
-    # Only the held chunk it names: a second chunk behind it is played from the stream.
-    held = Held(2, (("a", 4.0), ("b", 4.0)), slots=4, admitted=(3.0,))
-    both = chunk_finish_times([Load("a", 4.0), Load("b", 4.0)], Dispatch(workers=(held,)), 1.0)
-    assert both == pytest.approx({"a": 1, "b": 8})
-
-
 def test_the_chunk_play_follows_the_shares_it_is_given():
     # Two batches with 4 chunks of one request each, one worker, a window of one:
     # equal shares alternate them; "b" with three times the share goes three to one.

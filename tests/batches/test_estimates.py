@@ -527,23 +527,6 @@ def test_what_a_worker_s_engine_did_of_the_requests_it_runs_is_counted_off(runni
     assert eta_of(batch, now) == pytest.approx(0.5)
 
 
-def test_a_chunk_all_in_the_engine_is_played_from_when_its_last_request_went_in(
-        running_batch):
-    """Its 2 requests share the worker's 2 slots at 2 units a second: 1 s from when
-    the last went in, which the worker said was 0.3 s ago: 0.7 s left, not 1 s."""
-    model = served_model().id
-    live_workers(1, model)
-    batch = running_batch(2, chunk_size=2)
-    now = timezone.now()
-    measured_at(now, model, rate=2)
-    running_on("w0", batch, 0, now - timedelta(seconds=1))
-    Chunk.objects.filter(batch=batch).update(admitted_at=now - timedelta(seconds=0.3))
-
-    estimates.estimates_refresh(now)
-
-    assert eta_of(batch, now) == pytest.approx(0.7)
-
-
 def observed():
     """A fresh Progress, `at(seconds, **workers)` showing it each worker's (model,
     busy seconds, requests, prompt tokens computed, tokens generated) that many

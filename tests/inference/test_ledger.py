@@ -3,8 +3,6 @@ one flush; a failed flush loses nothing and counts nothing twice."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from batches.chunks import FlushResult
@@ -46,24 +44,6 @@ def test_progress_of_every_chunk_goes_out_in_one_flush(ledger, database):
     assert len(database.flushes) == 1
     assert database.flushes[0]["progress"] == {1: (3, 1), 2: (2, 1), 3: (2, 1)}
     assert set(database.flushes[0]["holding"]) == {1, 2, 3}
-
-
-def test_a_chunks_last_admission_goes_out_with_the_next_flush_and_survives_a_failed_one(
-        ledger, database):
-    ledger.hold(4)
-    assert not ledger.has_news()
-    ledger.admitted(4)
-    assert ledger.has_news()  # told soon, not only at the next heartbeat
-    database.fail_next = True
-
-    with pytest.raises(ConnectionError):
-        ledger.flush()
-    ledger.flush()
-    ledger.flush()
-
-    sent = [f.get("admitted") for f in database.flushes]
-    assert list(sent[0]) == [4] and sent[1] is None
-    assert sent[0][4] == pytest.approx(time.time(), abs=60)
 
 
 def test_a_failed_flush_keeps_its_figures_for_the_next_and_counts_them_once(ledger,

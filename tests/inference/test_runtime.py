@@ -4,7 +4,6 @@ claimed, results written once, progress accounted, slots returned."""
 from __future__ import annotations
 
 import threading
-import time
 
 import orjson
 import pytest
@@ -199,27 +198,3 @@ def test_a_later_chunk_waits_until_the_earlier_one_has_admitted_everything(
     assert sorted(line["custom_id"] for line in output_of(batch)) == \
         sorted(f"req-{i}" for i in range(12))
     assert runtime.slots.active == 0 and runtime.slots.tokens_active == 0
-
-
-def test_a_chunk_s_row_says_when_its_last_request_went_to_the_engine(
-        runtime_factory, batch_in_progress):
-    # 6 requests on 2 slots: the last goes in once 4 have finished; the ETA plays the
-    # chunk's close from then (Chunk.admitted_at, batches/eta.py).
-    runtime = runtime_factory(capacity=2, latency_ms=50)
-    batch = batch_in_progress(6, chunk_size=6)
-    started: list[float] = []
-    generate = runtime.engine.generate
-
-    async def recording(request):
-        started.append(time.time())
-        return await generate(request)
-
-    runtime.engine.generate = recording
-    chunk = Chunk.objects.get(batch=batch)
-
-    runtime.run_chunk(chunk.id)
-
-    chunk.refresh_from_db()
-    assert len(started) == 6  # in three rounds of two
-    assert started[3] < chunk.admitted_at.timestamp() <= started[5] + 1e-3
-    assert chunk.admitted_at > chunk.claimed_at

@@ -326,18 +326,18 @@ def test_chunk_list_filtered_by_batch(admin_client, make_batch, run_chunk):
     assert "host-z:7:1" in html
 
 
-def test_a_chunk_s_page_says_when_it_was_claimed_and_when_its_last_request_went_in(
+def test_a_chunk_s_page_says_when_it_was_claimed_and_when_it_finished(
         admin_client, make_batch):
     chunk = chunks_of(make_batch(2))[0]
     Chunk.objects.filter(id=chunk.id).update(
         claimed_at=datetime(2026, 12, 5, 9, 0, tzinfo=UTC),
-        admitted_at=datetime(2026, 12, 5, 9, 1, tzinfo=UTC))
+        finished_at=datetime(2026, 12, 5, 9, 1, tzinfo=UTC))
 
     page = admin_client.get(f"/admin/batches/chunk/{chunk.id}/change/")
 
     html = page.content.decode()
     assert page.status_code == 200
-    assert "Claimed at" in html and "Admitted at" in html
+    assert "Claimed at" in html and "Finished at" in html
     assert "9 a.m." in html and "9:01 a.m." in html
 
 
