@@ -30,6 +30,8 @@ short batch misses).
     flock /tmp/batchgen-heavy.lock .venv/bin/python benchmarks/eta.py          # ~10 min
     flock /tmp/batchgen-heavy.lock .venv/bin/python benchmarks/eta.py --only accuracy \\
         --baseline /work/wt-old          # a worktree of an older commit, run first
+    flock /tmp/batchgen-heavy.lock .venv/bin/python benchmarks/eta.py --only accuracy \\
+        --baseline /work/wt-old --repeat 3   # seeds 1-3, each point pooled: ~45 min
     flock /tmp/batchgen-heavy.lock .venv/bin/python benchmarks/eta.py --engine vllm \\
         --only accuracy --workers 1 --slots 64 --batches 12 --largest 120 --arrivals 120 \\
         --kinds 8,16,32          # the real engine, ~9 min (6 batches over 60 s: ~5 min)
@@ -418,20 +420,54 @@ def accuracy(work: Path, args, root: Path = ROOT, label: str = "this") -> dict:
     found, detail, settled = errors(list(watched.values()))
     if args.trace:
         trace.write(f"{args.trace}-{label}.json", watched)
+    return {"checkout": str(root), "seed": args.seed, "wall_s": round(wall, 1),
+            "points": summary(found, settled, f"{label} ({root.name}; {args.engine}, "
+                              f"{args.workers} workers, seed {args.seed}, {wall:.0f} s)"),
+            "batches": detail, "cost_left": cost_left(trace.costs, label),
+            "errors": {point: [round(e, 4) for e in v] for point, v in found.items()},
+            "settled": {point: [round(e, 4) for e in v] for point, v in settled.items()}}
+
+
+def summary(found: dict[str, list[float]], settled: dict[str, list[float]],
+            title: str) -> dict:
+    """Print each point's errors against its goal; return them as the results hold them."""
     rows = [[point, len(v), median(v), p(v, 0.9), goal,
              "met" if v and statistics.median(v) <= goal else "not met",
              len(settled[point]), median(settled[point])]
             for (point, goal), v in zip(POINTS.items(), found.values(), strict=True)]
-    print_table(f"ETA relative error, {label} ({root.name}; {args.engine}, {args.workers} "
-                f"workers, {wall:.0f} s)",
+    print_table(f"ETA relative error, {title}",
                 ["point", "readings", "median", "p90", "goal (median)", "",
                  "no arrival after", "its median"], rows)
-    return {"checkout": str(root), "wall_s": round(wall, 1), "points": {
-        point: {"n": len(v), "median": statistics.median(v) if v else None, "p90": p(v, 0.9),
-                "no_arrival_after": {"n": len(settled[point]), "median":
-                                     median(settled[point]) if settled[point] else None}}
-        for point, v in found.items()}, "batches": detail,
-        "cost_left": cost_left(trace.costs, label)}
+    return {point: {"n": len(v), "median": statistics.median(v) if v else None,
+                     "p90": p(v, 0.9),
+                     "no_arrival_after": {"n": len(settled[point]), "median":
+                                          median(settled[point]) if settled[point] else None}}
+            for point, v in found.items()}
+
+
+def accuracy_runs(work: Path, args, roots: dict[str, Path]) -> dict[str, dict]:
+    """accuracy() of each checkout (label: root, the baseline first) for each of the
+    `--repeat` seeds from `--seed`, the checkouts in turn at each seed; with several
+    seeds, each point's errors pooled over them too: one run's median over a dozen
+    batches moves by 0.1 from run to run of the same workload (docs/benchmarks.md),
+    a pool of several much less."""
+    seeds = list(range(args.seed, args.seed + max(args.repeat, 1)))
+    runs: dict[str, list[dict]] = {label: [] for label in roots}
+    for seed in seeds:
+        for label, root in roots.items():
+            runs[label].append(accuracy(work, argparse.Namespace(**{**vars(args), "seed": seed}),
+                                        root, label))
+    if len(seeds) == 1:
+        return {label: found[0] for label, found in runs.items()}
+    results = {}
+    for label, found in runs.items():
+        pooled = {key: {point: [e for run in found for e in run[key][point]] for point in POINTS}
+                  for key in ("errors", "settled")}
+        results[label] = {"checkout": str(roots[label]), "seeds": seeds, "runs": found,
+                          "points": summary(pooled["errors"], pooled["settled"],
+                                            f"{label} ({roots[label].name}), pooled over "
+                                            f"seeds {seeds}")}
+    return results
 
 
 def windows_run(work: Path, args, policy: bool) -> dict:
@@ -511,6 +547,9 @@ def main() -> None:
     parser.add_argument("--short-slack", type=float, default=2.0)
     parser.add_argument("--warm", type=float, default=25.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="accuracy runs with seeds --seed, --seed + 1, ...: each "
+                             "point's errors pooled over them (the checkouts in turn)")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--port", type=int, default=12100)
     parser.add_argument("--results", default="eta")
@@ -524,10 +563,11 @@ def main() -> None:
     results: dict = {"options": vars(args)}
     with scratch_dir("eta-") as work:
         if args.only in (None, "accuracy"):
+            roots = {"baseline": args.baseline.resolve()} if args.baseline else {}
+            found = accuracy_runs(work, args, roots | {"this": ROOT})
             if args.baseline:
-                results["accuracy_baseline"] = accuracy(work, args, args.baseline.resolve(),
-                                                        "baseline")
-            results["accuracy"] = accuracy(work, args)
+                results["accuracy_baseline"] = found["baseline"]
+            results["accuracy"] = found["this"]
             write_results(args.results, results)  # so far, should the windows run fail
         if args.only in (None, "windows"):
             results["windows"] = windows(work, args)
