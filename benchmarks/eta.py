@@ -31,7 +31,7 @@ short batch misses).
     flock /tmp/batchgen-heavy.lock .venv/bin/python benchmarks/eta.py --only accuracy \\
         --baseline /work/wt-old          # a worktree of an older commit, run first
     flock /tmp/batchgen-heavy.lock .venv/bin/python benchmarks/eta.py --only accuracy \\
-        --baseline /work/wt-old --repeat 3   # seeds 1-3, each point pooled: ~45 min
+        --baseline /work/wt-old --repeat 3   # seeds 1-3, each point pooled: ~55 min
     flock /tmp/batchgen-heavy.lock .venv/bin/python benchmarks/eta.py --engine vllm \\
         --only accuracy --workers 1 --slots 64 --batches 12 --largest 120 --arrivals 120 \\
         --kinds 8,16,32          # the real engine, ~9 min (6 batches over 60 s: ~5 min)
