@@ -281,12 +281,15 @@ def readings(batch: Watched) -> dict[str, tuple[float, int]]:
 
 
 def errors(batches: list[Watched]) -> tuple[dict[str, list[float]], list[dict],
-                                            dict[str, list[float]]]:
-    """Each point's errors, each batch's detail, and each point's errors of the
-    readings after which no batch was created until this one ended: what the ETA
-    could have known, as no model can know the batches created after it."""
+                                            dict[str, list[float]], dict[str, list[float]]]:
+    """Each point's errors, each batch's detail, each point's errors of the readings
+    after which no batch was created until this one ended (what the ETA could have
+    known, as no model can know the batches created after it), and each point's
+    signed errors, (ETA - completed_at) / (completed_at - reading): a bias reads
+    there, where noise cancels out."""
     found: dict[str, list[float]] = {point: [] for point in POINTS}
     settled: dict[str, list[float]] = {point: [] for point in POINTS}
+    signed: dict[str, list[float]] = {point: [] for point in POINTS}
     created = [batch.created for batch in batches]
     detail = []
     for batch in batches:
@@ -299,12 +302,13 @@ def errors(batches: list[Watched]) -> tuple[dict[str, list[float]], list[dict],
                 continue
             error = abs(eta - real) / (real - at)
             found[point].append(error)
+            signed[point].append((eta - real) / (real - at))
             if not any(at < when < real for when in created):
                 settled[point].append(error)
             row[point] = round(error, 3)
             row[f"{point} read/eta"] = (round(at - batch.created, 1), eta - round(batch.created))
         detail.append(row)
-    return found, detail, settled
+    return found, detail, settled, signed
 
 
 def median(values: list[float]) -> float:
@@ -417,29 +421,30 @@ def accuracy(work: Path, args, root: Path = ROOT, label: str = "this") -> dict:
         fleet.stop()
         if args.trace and fleet.server.log_path:  # the engine's stats lines, kept
             shutil.copy(fleet.server.log_path, f"{args.trace}-{label}.log")
-    found, detail, settled = errors(list(watched.values()))
+    found, detail, settled, signed = errors(list(watched.values()))
     if args.trace:
         trace.write(f"{args.trace}-{label}.json", watched)
     return {"checkout": str(root), "seed": args.seed, "wall_s": round(wall, 1),
-            "points": summary(found, settled, f"{label} ({root.name}; {args.engine}, "
+            "points": summary(found, settled, signed, f"{label} ({root.name}; {args.engine}, "
                               f"{args.workers} workers, seed {args.seed}, {wall:.0f} s)"),
             "batches": detail, "cost_left": cost_left(trace.costs, label),
             "errors": {point: [round(e, 4) for e in v] for point, v in found.items()},
-            "settled": {point: [round(e, 4) for e in v] for point, v in settled.items()}}
+            "settled": {point: [round(e, 4) for e in v] for point, v in settled.items()},
+            "signed": {point: [round(e, 4) for e in v] for point, v in signed.items()}}
 
 
 def summary(found: dict[str, list[float]], settled: dict[str, list[float]],
-            title: str) -> dict:
+            signed: dict[str, list[float]], title: str) -> dict:
     """Print each point's errors against its goal; return them as the results hold them."""
     rows = [[point, len(v), median(v), p(v, 0.9), goal,
              "met" if v and statistics.median(v) <= goal else "not met",
-             len(settled[point]), median(settled[point])]
+             median(signed[point]), len(settled[point]), median(settled[point])]
             for (point, goal), v in zip(POINTS.items(), found.values(), strict=True)]
     print_table(f"ETA relative error, {title}",
-                ["point", "readings", "median", "p90", "goal (median)", "",
+                ["point", "readings", "median", "p90", "goal (median)", "", "signed median",
                  "no arrival after", "its median"], rows)
     return {point: {"n": len(v), "median": statistics.median(v) if v else None,
-                     "p90": p(v, 0.9),
+                     "p90": p(v, 0.9), "signed_median": median(signed[point]),
                      "no_arrival_after": {"n": len(settled[point]), "median":
                                           median(settled[point]) if settled[point] else None}}
             for point, v in found.items()}
@@ -461,10 +466,11 @@ def accuracy_runs(work: Path, args, roots: dict[str, Path]) -> dict[str, dict]:
         return {label: found[0] for label, found in runs.items()}
     results = {}
     for label, found in runs.items():
-        pooled = {key: {point: [e for run in found for e in run[key][point]] for point in POINTS}
-                  for key in ("errors", "settled")}
+        pooled = {key: {point: [e for run in found for e in run.get(key, {}).get(point, [])]
+                        for point in POINTS} for key in ("errors", "settled", "signed")}
         results[label] = {"checkout": str(roots[label]), "seeds": seeds, "runs": found,
                           "points": summary(pooled["errors"], pooled["settled"],
+                                            pooled["signed"],
                                             f"{label} ({roots[label].name}), pooled over "
                                             f"seeds {seeds}")}
     return results
