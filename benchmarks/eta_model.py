@@ -19,6 +19,8 @@ as its only sources of error.
 
     .venv/bin/python benchmarks/eta_model.py                  # both scenarios, 3 seeds
     .venv/bin/python benchmarks/eta_model.py --quick          # smaller batches, one seed
+    .venv/bin/python benchmarks/eta_model.py --forecast 300 --results eta_model-forecast-300
+                        # a trial: the last 300 s of arrivals foreseen to come again
 
 Reported: for every batch, the ETA's relative error (|ETA - real completion| / (real
 completion - time of the estimate)) while still queued and at 10 %, 25 % and 50 % of
@@ -35,7 +37,7 @@ import math
 import random
 import statistics
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -43,7 +45,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import mark_start, print_table, write_results  # noqa: E402
 
 from batches.deadlines import deadline_shares  # noqa: E402
-from batches.eta import Load, fair_shares, finish_times, measured_rate, request_cost  # noqa: E402
+from batches.eta import (  # noqa: E402
+    Load,
+    fair_shares,
+    finish_times,
+    measured_rate,
+    request_cost,
+    speeds,
+)
 
 CHUNK = 200
 THREADS = 4  # chunk threads a worker runs at once
@@ -83,10 +92,44 @@ class Running:
     claimed: float
 
 
+def finish_times_with_arrivals(loads: list[Load], arrivals: list[tuple[float, Load]],
+                               rate: float, shares, worker_rate: float) -> dict[str, float]:
+    """eta.finish_times' fluid play with batches arriving on the way: (seconds from
+    now, its load). Seconds from now until each of `loads` is done (the arrivals'
+    own ends are not asked). The `--forecast` trial's play."""
+    active = [load for load in loads if load.remaining > 0]
+    asked = {load.batch_id for load in loads}
+    done = {load.batch_id: 0.0 for load in loads if load.remaining <= 0}
+    coming = sorted(arrivals, key=lambda arrival: arrival[0])
+    now = 0.0
+    while asked - done.keys():
+        if not active:
+            now, load = coming.pop(0)
+            active.append(load)
+            continue
+        split = shares(active)
+        speed = speeds(active, {load.batch_id: split[load.batch_id] * load.cost
+                                for load in active}, rate, worker_rate)
+        step = min(load.remaining / speed[load.batch_id] for load in active)
+        arrives = bool(coming) and coming[0][0] < now + step
+        if arrives:
+            step = coming[0][0] - now
+        now += step
+        left = []
+        for load in active:
+            remaining = load.remaining - speed[load.batch_id] * step
+            if remaining <= load.remaining * 1e-9 + 1e-9:
+                done[load.batch_id] = now
+            else:
+                left.append(replace(load, remaining=remaining))
+        active = left + ([coming.pop(0)[1]] if arrives else [])
+    return done
+
+
 class Fleet:
     def __init__(self, *, workers: int, threads: int, token_seconds: float,
-                 prefill_weight: float, policy: bool) -> None:
-        self.workers, self.threads = workers, threads
+                 prefill_weight: float, policy: bool, forecast: float = 0.0) -> None:
+        self.workers, self.threads, self.forecast = workers, threads, forecast
         self.token_seconds, self.prefill_weight, self.policy = token_seconds, prefill_weight, policy
         self.running: list[list[Running]] = [[] for _ in range(workers)]
         self.finished_chunks: list[tuple[float, float, int, str, int]] = []
@@ -131,9 +174,15 @@ class Fleet:
             return
         loads = self.loads()
         rate = self.rate
-        played = finish_times(loads, rate, lambda active: deadline_shares(active, rate)
-                              if self.policy else fair_shares(active),
-                              worker_rate=rate / self.workers)
+
+        def shares(active: list[Load]) -> dict[str, float]:
+            return deadline_shares(active, rate) if self.policy else fair_shares(active)
+
+        if self.forecast:
+            played = finish_times_with_arrivals(loads, self.arrivals_ahead(), rate, shares,
+                                                rate / self.workers)
+        else:
+            played = finish_times(loads, rate, shares, worker_rate=rate / self.workers)
         for batch in self.active():
             eta = self.now + played[batch.id]
             fraction = batch.done / batch.total
@@ -143,6 +192,18 @@ class Fleet:
                 key = f"{int(point * 100)}%"
                 if fraction >= point and key not in batch.estimates:
                     batch.estimates[key] = (self.now, eta)
+
+    def arrivals_ahead(self) -> list[tuple[float, Load]]:
+        """The `--forecast` trial: the batches that arrived over the last `forecast`
+        seconds (or since the start, if sooner) arrive again as long after now, each
+        of its key and its size at the fleet's mean cost per request."""
+        span = min(self.forecast, self.now)
+        cost = self.cost_per_request
+        return [(batch.arrive + span - self.now,
+                 Load(batch_id=f"again-{batch.id}", remaining=batch.total * cost,
+                      owner=batch.owner, chunk=CHUNK * cost, cost=cost))
+                for batch in self.batches
+                if span > 0 and self.now - span < batch.arrive <= self.now]
 
     # --- the dispatcher ------------------------------------------------------------
     def shares(self) -> dict[str, float]:
@@ -241,13 +302,14 @@ def mixed_workload(rng: random.Random, count: int, largest: int) -> list[SimBatc
     return batches
 
 
-def errors(batches: list[SimBatch]) -> dict[str, list[float]]:
+def errors(batches: list[SimBatch], signed: bool = False) -> dict[str, list[float]]:
     found: dict[str, list[float]] = {key: [] for key in GOALS}
     for batch in batches:
         for key, (at, eta) in batch.estimates.items():
             left = batch.finished - at
             if left > REFRESH:  # an estimate made within a refresh of the end says nothing
-                found[key].append(abs(eta - batch.finished) / left)
+                error = (eta - batch.finished) / left
+                found[key].append(error if signed else abs(error))
     return found
 
 
@@ -258,20 +320,27 @@ def p(values: list[float], q: float) -> float:
 
 def accuracy(args) -> dict:
     pooled: dict[str, list[float]] = {key: [] for key in GOALS}
+    signed: dict[str, list[float]] = {key: [] for key in GOALS}
     for seed in range(args.seeds):
         rng = random.Random(seed)
         for workers in (2, 4):
             batches = mixed_workload(rng, args.batches, args.largest)
             simulate(batches, workers=workers, threads=THREADS,
                      token_seconds=args.token_seconds, prefill_weight=args.prefill_weight,
-                     policy=True)
+                     policy=True, forecast=args.forecast)
             for key, values in errors(batches).items():
                 pooled[key].extend(values)
+            for key, values in errors(batches, signed=True).items():
+                signed[key].extend(values)
     rows = [[key, len(values), statistics.median(values) if values else float("nan"),
-             p(values, 0.9), GOALS[key]] for key, values in pooled.items()]
-    print_table("ETA relative error (all seeds, 2 and 4 workers)",
-                ["point", "estimates", "median", "p90", "goal (median)"], rows)
-    return {key: {"n": len(v), "median": statistics.median(v) if v else None, "p90": p(v, 0.9)}
+             p(values, 0.9), GOALS[key], statistics.median(signed[key]) if values else None]
+            for key, values in pooled.items()]
+    print_table(f"ETA relative error (all seeds, 2 and 4 workers; arrivals replayed over "
+                f"{args.forecast:.0f} s)" if args.forecast else
+                "ETA relative error (all seeds, 2 and 4 workers)",
+                ["point", "estimates", "median", "p90", "goal (median)", "signed median"], rows)
+    return {key: {"n": len(v), "median": statistics.median(v) if v else None, "p90": p(v, 0.9),
+                  "signed_median": statistics.median(signed[key]) if v else None}
             for key, v in pooled.items()}
 
 
@@ -330,6 +399,11 @@ def main() -> None:
     parser.add_argument("--prefill-weight", type=float, default=0.02,
                         help="cost of a prompt token against an output token (unseen)")
     parser.add_argument("--workers", type=int, default=4, help="workers (deadline scenario)")
+    parser.add_argument("--forecast", type=float, default=0.0,
+                        help="a trial: the ETA's play takes the batches that arrived over the "
+                             "last FORECAST seconds to arrive again as long after now "
+                             "(0: no arrivals foreseen, as the server plays)")
+    parser.add_argument("--results", default="eta_model")
     parser.add_argument("--long-requests", type=int, default=10_000)
     parser.add_argument("--short-requests", type=int, default=4_000)
     parser.add_argument("--short-slack", type=float, default=1.5,
@@ -341,7 +415,7 @@ def main() -> None:
         args.seeds, args.largest, args.long_requests = 1, 5_000, 2_000
     results = {"accuracy": accuracy(args), "deadlines": deadlines(args),
                "options": vars(args)}
-    write_results("eta_model", results)
+    write_results(args.results, results)
 
 
 if __name__ == "__main__":
