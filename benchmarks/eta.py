@@ -296,7 +296,7 @@ def errors(batches: list[Watched]) -> tuple[dict[str, list[float]], list[dict],
         real = batch.final.get("completed_at") if batch.final else None
         row = {"batch": batch.id, "key": batch.key, "status": batch.final and
                batch.final["status"], "total": batch.samples[-1][3] if batch.samples else 0,
-               "took": real and real - batch.created}
+               "took": real and real - batch.created, "created": round(batch.created, 1)}
         for point, (at, eta) in readings(batch).items():
             if real is None or real - at < MIN_LEFT:
                 continue
