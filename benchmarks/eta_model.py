@@ -128,8 +128,10 @@ def finish_times_with_arrivals(loads: list[Load], arrivals: list[tuple[float, Lo
 
 class Fleet:
     def __init__(self, *, workers: int, threads: int, token_seconds: float,
-                 prefill_weight: float, policy: bool, forecast: float = 0.0) -> None:
-        self.workers, self.threads, self.forecast = workers, threads, forecast
+                 prefill_weight: float, policy: bool, forecast: float = 0.0,
+                 foresee: str = "replay") -> None:
+        self.workers, self.threads = workers, threads
+        self.forecast, self.foresee = forecast, foresee
         self.token_seconds, self.prefill_weight, self.policy = token_seconds, prefill_weight, policy
         self.running: list[list[Running]] = [[] for _ in range(workers)]
         self.finished_chunks: list[tuple[float, float, int, str, int]] = []
@@ -194,11 +196,24 @@ class Fleet:
                     batch.estimates[key] = (self.now, eta)
 
     def arrivals_ahead(self) -> list[tuple[float, Load]]:
-        """The `--forecast` trial: the batches that arrived over the last `forecast`
-        seconds (or since the start, if sooner) arrive again as long after now, each
-        of its key and its size at the fleet's mean cost per request."""
+        """The `--forecast` trial. `replay`: the batches that arrived over the last
+        `forecast` seconds (or since the start, if sooner) arrive again as long after
+        now, each of its key and its size at the fleet's mean cost per request.
+        `keys`: each key with no batch now but one running over the last `forecast`
+        seconds is there now with a batch of its recent batches' mean size (it keeps
+        its share, as if it came back)."""
         span = min(self.forecast, self.now)
         cost = self.cost_per_request
+        if self.foresee == "keys":
+            busy = {batch.owner for batch in self.active()}
+            sizes: dict[int, list[int]] = {}
+            for batch in self.batches:
+                if batch.owner not in busy and batch.arrive <= self.now \
+                        and (batch.finished or self.now) > self.now - span:
+                    sizes.setdefault(batch.owner, []).append(batch.total)
+            return [(0.0, Load(batch_id=f"key-{owner}", remaining=statistics.mean(totals) * cost,
+                               owner=owner, chunk=CHUNK * cost, cost=cost))
+                    for owner, totals in sizes.items()]
         return [(batch.arrive + span - self.now,
                  Load(batch_id=f"again-{batch.id}", remaining=batch.total * cost,
                       owner=batch.owner, chunk=CHUNK * cost, cost=cost))
@@ -327,7 +342,7 @@ def accuracy(args) -> dict:
             batches = mixed_workload(rng, args.batches, args.largest)
             simulate(batches, workers=workers, threads=THREADS,
                      token_seconds=args.token_seconds, prefill_weight=args.prefill_weight,
-                     policy=True, forecast=args.forecast)
+                     policy=True, forecast=args.forecast, foresee=args.foresee)
             for key, values in errors(batches).items():
                 pooled[key].extend(values)
             for key, values in errors(batches, signed=True).items():
@@ -335,8 +350,8 @@ def accuracy(args) -> dict:
     rows = [[key, len(values), statistics.median(values) if values else float("nan"),
              p(values, 0.9), GOALS[key], statistics.median(signed[key]) if values else None]
             for key, values in pooled.items()]
-    print_table(f"ETA relative error (all seeds, 2 and 4 workers; arrivals replayed over "
-                f"{args.forecast:.0f} s)" if args.forecast else
+    print_table(f"ETA relative error (all seeds, 2 and 4 workers; foreseen: {args.foresee} "
+                f"over {args.forecast:.0f} s)" if args.forecast else
                 "ETA relative error (all seeds, 2 and 4 workers)",
                 ["point", "estimates", "median", "p90", "goal (median)", "signed median"], rows)
     return {key: {"n": len(v), "median": statistics.median(v) if v else None, "p90": p(v, 0.9),
@@ -403,6 +418,9 @@ def main() -> None:
                         help="a trial: the ETA's play takes the batches that arrived over the "
                              "last FORECAST seconds to arrive again as long after now "
                              "(0: no arrivals foreseen, as the server plays)")
+    parser.add_argument("--foresee", choices=["replay", "keys"], default="replay",
+                        help="with --forecast: the arrivals replayed, or each key idle now "
+                             "but busy over those seconds taken to be back now")
     parser.add_argument("--results", default="eta_model")
     parser.add_argument("--long-requests", type=int, default=10_000)
     parser.add_argument("--short-requests", type=int, default=4_000)
