@@ -124,16 +124,24 @@ def finish_times(loads: Sequence[Load], rate: float, shares: ShareFunction = fai
                                   * load.chunk) / speed[load.batch_id] for load in active
                                  if load.chunk and chunks_left(load) > 1])
         now += step
-        left = []
-        for load in active:
-            remaining = load.remaining - speed[load.batch_id] * step
-            if remaining <= load.remaining * 1e-9 + 1e-9:
-                done[load.batch_id] = now
-            else:
-                time_left = None if load.time_left is None else load.time_left - step
-                left.append(replace(load, remaining=remaining, time_left=time_left))
-        active = left
+        active = advance(active, speed, step, now, done)
     return done
+
+
+def advance(active: Sequence[Load], speed: dict[str, float], step: float, now: float,
+            done: dict[str, float]) -> list[Load]:
+    """Run each batch of `active` at its speed for `step` seconds, to `now`: those
+    that run out go into `done` at `now`; the rest are returned with their work and
+    window left less."""
+    left = []
+    for load in active:
+        remaining = load.remaining - speed[load.batch_id] * step
+        if remaining <= load.remaining * 1e-9 + 1e-9:
+            done[load.batch_id] = now
+        else:
+            time_left = None if load.time_left is None else load.time_left - step
+            left.append(replace(load, remaining=remaining, time_left=time_left))
+    return left
 
 
 def fair_finish_times(loads: Sequence[Load], rate: float) -> dict[str, float]:

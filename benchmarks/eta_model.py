@@ -37,7 +37,7 @@ import math
 import random
 import statistics
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -47,6 +47,7 @@ from _common import mark_start, print_table, write_results  # noqa: E402
 from batches.deadlines import deadline_shares  # noqa: E402
 from batches.eta import (  # noqa: E402
     Load,
+    advance,
     fair_shares,
     finish_times,
     measured_rate,
@@ -115,14 +116,7 @@ def finish_times_with_arrivals(loads: list[Load], arrivals: list[tuple[float, Lo
         if arrives:
             step = coming[0][0] - now
         now += step
-        left = []
-        for load in active:
-            remaining = load.remaining - speed[load.batch_id] * step
-            if remaining <= load.remaining * 1e-9 + 1e-9:
-                done[load.batch_id] = now
-            else:
-                left.append(replace(load, remaining=remaining))
-        active = left + ([coming.pop(0)[1]] if arrives else [])
+        active = advance(active, speed, step, now, done) + ([coming.pop(0)[1]] if arrives else [])
     return done
 
 
