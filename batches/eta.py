@@ -99,18 +99,27 @@ def speeds(active: Sequence[Load], split: dict[str, float], rate: float,
 
 
 def finish_times(loads: Sequence[Load], rate: float, shares: ShareFunction = fair_shares,
-                 worker_rate: float | None = None) -> dict[str, float]:
+                 worker_rate: float | None = None,
+                 arrivals: Sequence[tuple[float, Load]] = ()) -> dict[str, float]:
     """Seconds from now until each batch's work on this model is done, playing the
     fluid split forward. `rate` is the model's throughput in cost units a second
     (over all its workers), `worker_rate` one worker's (None: no chunk caps); a
-    batch with no work left finishes at 0. O(n^2) in the batches of one model
-    times their chunks, a few hundred batches at most on a server."""
+    batch with no work left finishes at 0. `arrivals` are batches that come on the
+    way, (seconds from now, load), played from then and timed too (the server plays
+    none: benchmarks/eta_model.py --forecast tries them). O(n^2) in the batches of
+    one model times their chunks, a few hundred batches at most on a server."""
     done = {load.batch_id: 0.0 for load in loads if load.remaining <= 0}
     active = [load for load in loads if load.remaining > 0]
+    coming = deque(sorted(arrivals, key=lambda arrival: arrival[0]))
     if rate <= 0:
         raise ValueError("finish_times needs a positive rate")
     now, split, members = 0.0, {}, None
-    while active:
+    while active or coming:
+        if not active or coming and coming[0][0] <= now:  # a batch comes: shares move
+            now = max(now, coming[0][0])
+            active.append(coming.popleft()[1])
+            members = None
+            continue
         if members != len(active):  # the shares move when a batch finishes
             split, members = shares(active), len(active)
         speed = speeds(active, {load.batch_id: split[load.batch_id] * load.cost
@@ -123,25 +132,19 @@ def finish_times(loads: Sequence[Load], rate: float, shares: ShareFunction = fai
             step = min([step] + [(load.remaining - min(chunks_left(load) - 1, workers)
                                   * load.chunk) / speed[load.batch_id] for load in active
                                  if load.chunk and chunks_left(load) > 1])
+        if coming:
+            step = min(step, coming[0][0] - now)
         now += step
-        active = advance(active, speed, step, now, done)
+        left = []
+        for load in active:
+            remaining = load.remaining - speed[load.batch_id] * step
+            if remaining <= load.remaining * 1e-9 + 1e-9:
+                done[load.batch_id] = now
+            else:
+                time_left = None if load.time_left is None else load.time_left - step
+                left.append(replace(load, remaining=remaining, time_left=time_left))
+        active = left
     return done
-
-
-def advance(active: Sequence[Load], speed: dict[str, float], step: float, now: float,
-            done: dict[str, float]) -> list[Load]:
-    """Run each batch of `active` at its speed for `step` seconds, to `now`: those
-    that run out go into `done` at `now`; the rest are returned with their work and
-    window left less."""
-    left = []
-    for load in active:
-        remaining = load.remaining - speed[load.batch_id] * step
-        if remaining <= load.remaining * 1e-9 + 1e-9:
-            done[load.batch_id] = now
-        else:
-            time_left = None if load.time_left is None else load.time_left - step
-            left.append(replace(load, remaining=remaining, time_left=time_left))
-    return left
 
 
 def fair_finish_times(loads: Sequence[Load], rate: float) -> dict[str, float]:

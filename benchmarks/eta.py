@@ -466,8 +466,8 @@ def accuracy_runs(work: Path, args, roots: dict[str, Path]) -> dict[str, dict]:
         return {label: found[0] for label, found in runs.items()}
     results = {}
     for label, found in runs.items():
-        pooled = {key: {point: [e for run in found for e in run.get(key, {}).get(point, [])]
-                        for point in POINTS} for key in ("errors", "settled", "signed")}
+        pooled = {key: {point: [e for run in found for e in run[key][point]] for point in POINTS}
+                  for key in ("errors", "settled", "signed")}
         results[label] = {"checkout": str(roots[label]), "seeds": seeds, "runs": found,
                           "points": summary(pooled["errors"], pooled["settled"],
                                             pooled["signed"],

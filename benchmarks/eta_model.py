@@ -45,15 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import mark_start, print_table, write_results  # noqa: E402
 
 from batches.deadlines import deadline_shares  # noqa: E402
-from batches.eta import (  # noqa: E402
-    Load,
-    advance,
-    fair_shares,
-    finish_times,
-    measured_rate,
-    request_cost,
-    speeds,
-)
+from batches.eta import Load, fair_shares, finish_times, measured_rate, request_cost  # noqa: E402
 
 CHUNK = 200
 THREADS = 4  # chunk threads a worker runs at once
@@ -91,33 +83,6 @@ class Running:
     left: float
     outputs: int
     claimed: float
-
-
-def finish_times_with_arrivals(loads: list[Load], arrivals: list[tuple[float, Load]],
-                               rate: float, shares, worker_rate: float) -> dict[str, float]:
-    """eta.finish_times' fluid play with batches arriving on the way: (seconds from
-    now, its load). Seconds from now until each of `loads` is done (the arrivals'
-    own ends are not asked). The `--forecast` trial's play."""
-    active = [load for load in loads if load.remaining > 0]
-    asked = {load.batch_id for load in loads}
-    done = {load.batch_id: 0.0 for load in loads if load.remaining <= 0}
-    coming = sorted(arrivals, key=lambda arrival: arrival[0])
-    now = 0.0
-    while asked - done.keys():
-        if not active:
-            now, load = coming.pop(0)
-            active.append(load)
-            continue
-        split = shares(active)
-        speed = speeds(active, {load.batch_id: split[load.batch_id] * load.cost
-                                for load in active}, rate, worker_rate)
-        step = min(load.remaining / speed[load.batch_id] for load in active)
-        arrives = bool(coming) and coming[0][0] < now + step
-        if arrives:
-            step = coming[0][0] - now
-        now += step
-        active = advance(active, speed, step, now, done) + ([coming.pop(0)[1]] if arrives else [])
-    return done
 
 
 class Fleet:
@@ -174,11 +139,8 @@ class Fleet:
         def shares(active: list[Load]) -> dict[str, float]:
             return deadline_shares(active, rate) if self.policy else fair_shares(active)
 
-        if self.forecast:
-            played = finish_times_with_arrivals(loads, self.arrivals_ahead(), rate, shares,
-                                                rate / self.workers)
-        else:
-            played = finish_times(loads, rate, shares, worker_rate=rate / self.workers)
+        played = finish_times(loads, rate, shares, worker_rate=rate / self.workers,
+                              arrivals=self.arrivals_ahead() if self.forecast else ())
         for batch in self.active():
             eta = self.now + played[batch.id]
             fraction = batch.done / batch.total
@@ -311,14 +273,14 @@ def mixed_workload(rng: random.Random, count: int, largest: int) -> list[SimBatc
     return batches
 
 
-def errors(batches: list[SimBatch], signed: bool = False) -> dict[str, list[float]]:
+def errors(batches: list[SimBatch]) -> dict[str, list[float]]:
+    """Each point's signed errors, (ETA - end) / time left."""
     found: dict[str, list[float]] = {key: [] for key in GOALS}
     for batch in batches:
         for key, (at, eta) in batch.estimates.items():
             left = batch.finished - at
             if left > REFRESH:  # an estimate made within a refresh of the end says nothing
-                error = (eta - batch.finished) / left
-                found[key].append(error if signed else abs(error))
+                found[key].append((eta - batch.finished) / left)
     return found
 
 
@@ -338,9 +300,8 @@ def accuracy(args) -> dict:
                      token_seconds=args.token_seconds, prefill_weight=args.prefill_weight,
                      policy=True, forecast=args.forecast, foresee=args.foresee)
             for key, values in errors(batches).items():
-                pooled[key].extend(values)
-            for key, values in errors(batches, signed=True).items():
                 signed[key].extend(values)
+                pooled[key].extend(abs(error) for error in values)
     rows = [[key, len(values), statistics.median(values) if values else float("nan"),
              p(values, 0.9), GOALS[key], statistics.median(signed[key]) if values else None]
             for key, values in pooled.items()]

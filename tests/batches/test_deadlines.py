@@ -39,6 +39,21 @@ def test_equal_batches_share_the_model_and_a_small_one_finishes_first():
     assert finish == {"small": pytest.approx(20), "big": pytest.approx(110)}
 
 
+def test_a_batch_that_arrives_on_the_way_takes_its_share_from_then():
+    finish = finish_times([Load("a", 1000, owner=1)], rate=10,
+                          arrivals=[(50.0, Load("b", 1000, owner=2))])
+
+    # a runs alone at 10/s for 50 s (500 left), then both at 5/s: a is done at
+    # 150 s, and b (500 left then) does its last 500 alone at 10/s.
+    assert finish == {"a": pytest.approx(150), "b": pytest.approx(200)}
+
+
+def test_a_batch_arriving_on_an_idle_model_starts_when_it_comes():
+    finish = finish_times([Load("a", 100)], rate=10, arrivals=[(30.0, Load("b", 100))])
+
+    assert finish == {"a": pytest.approx(10), "b": pytest.approx(40)}
+
+
 def test_a_key_s_other_batch_inherits_its_share_when_one_finishes():
     loads = [Load("a1", 100, owner=1), Load("a2", 1000, owner=1), Load("b", 1000, owner=2)]
 
