@@ -38,6 +38,7 @@ import random
 import statistics
 import sys
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -133,13 +134,9 @@ class Fleet:
         self.measure()
         if not self.rate:
             return
-        loads = self.loads()
         rate = self.rate
-
-        def shares(active: list[Load]) -> dict[str, float]:
-            return deadline_shares(active, rate) if self.policy else fair_shares(active)
-
-        played = finish_times(loads, rate, shares, worker_rate=rate / self.workers,
+        played = finish_times(self.loads(), rate, partial(self.play_shares, rate=rate),
+                              worker_rate=rate / self.workers,
                               arrivals=self.arrivals_ahead() if self.forecast else ())
         for batch in self.active():
             eta = self.now + played[batch.id]
@@ -151,23 +148,35 @@ class Fleet:
                 if fraction >= point and key not in batch.estimates:
                     batch.estimates[key] = (self.now, eta)
 
+    def play_shares(self, active: list[Load], rate: float) -> dict[str, float]:
+        """The shares the ETA plays with; a `hold` stand-in gets next to none while
+        its key has a batch of its own."""
+        owners = {load.owner for load in active if not load.batch_id.startswith("hold-")}
+        use = [load for load in active
+               if not load.batch_id.startswith("hold-") or load.owner not in owners]
+        split = deadline_shares(use, rate) if self.policy else fair_shares(use)
+        return {load.batch_id: split.get(load.batch_id, 1e-12) for load in active}
+
     def arrivals_ahead(self) -> list[tuple[float, Load]]:
         """The `--forecast` trial. `replay`: the batches that arrived over the last
         `forecast` seconds (or since the start, if sooner) arrive again as long after
         now, each of its key and its size at the fleet's mean cost per request.
         `keys`: each key with no batch now but one running over the last `forecast`
         seconds is there now with a batch of its recent batches' mean size (it keeps
-        its share, as if it came back)."""
+        its share, as if it came back). `hold`: each key with a batch over those
+        seconds, busy now or not, has such a batch that runs once its own are done
+        (play_shares): it holds its share after them, as a key that keeps sending."""
         span = min(self.forecast, self.now)
         cost = self.cost_per_request
-        if self.foresee == "keys":
-            busy = {batch.owner for batch in self.active()}
+        if self.foresee in ("keys", "hold"):
+            busy = {batch.owner for batch in self.active()} if self.foresee == "keys" else set()
             sizes: dict[int, list[int]] = {}
             for batch in self.batches:
                 if batch.owner not in busy and batch.arrive <= self.now \
                         and (batch.finished or self.now) > self.now - span:
                     sizes.setdefault(batch.owner, []).append(batch.total)
-            return [(0.0, Load(batch_id=f"key-{owner}", remaining=statistics.mean(totals) * cost,
+            return [(0.0, Load(batch_id=f"{self.foresee}-{owner}",
+                               remaining=statistics.mean(totals) * cost,
                                owner=owner, chunk=CHUNK * cost, cost=cost))
                     for owner, totals in sizes.items()]
         return [(batch.arrive + span - self.now,
@@ -262,13 +271,14 @@ def lengths(rng: random.Random, n: int, mean_out: int) -> tuple[list[int], list[
     return outputs, prompts
 
 
-def mixed_workload(rng: random.Random, count: int, largest: int) -> list[SimBatch]:
+def mixed_workload(rng: random.Random, count: int, largest: int, keys: int = 3,
+                   arrivals: float = 600.0) -> list[SimBatch]:
     batches = []
     for i in range(count):
         size = int(round(10 ** rng.uniform(math.log10(50), math.log10(largest))))
         size = max(50, min(largest, size))
         outputs, prompts = lengths(rng, size, rng.choice([30, 100, 300]))
-        batches.append(SimBatch(id=f"b{i:02d}", owner=i % 3, arrive=rng.uniform(0, 600),
+        batches.append(SimBatch(id=f"b{i:02d}", owner=i % keys, arrive=rng.uniform(0, arrivals),
                                 window=86400, outputs=outputs, prompts=prompts))
     return batches
 
@@ -295,7 +305,7 @@ def accuracy(args) -> dict:
     for seed in range(args.seeds):
         rng = random.Random(seed)
         for workers in (2, 4):
-            batches = mixed_workload(rng, args.batches, args.largest)
+            batches = mixed_workload(rng, args.batches, args.largest, args.keys, args.arrivals)
             simulate(batches, workers=workers, threads=THREADS,
                      token_seconds=args.token_seconds, prefill_weight=args.prefill_weight,
                      policy=True, forecast=args.forecast, foresee=args.foresee)
@@ -364,6 +374,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--batches", type=int, default=12)
     parser.add_argument("--largest", type=int, default=50_000)
+    parser.add_argument("--keys", type=int, default=3, help="keys the batches take turns on")
+    parser.add_argument("--arrivals", type=float, default=600.0,
+                        help="the batches arrive over these seconds")
     parser.add_argument("--token-seconds", type=float, default=0.001,
                         help="a worker's seconds per output token (its whole speed)")
     parser.add_argument("--prefill-weight", type=float, default=0.02,
@@ -373,9 +386,10 @@ def main() -> None:
                         help="a trial: the ETA's play takes the batches that arrived over the "
                              "last FORECAST seconds to arrive again as long after now "
                              "(0: no arrivals foreseen, as the server plays)")
-    parser.add_argument("--foresee", choices=["replay", "keys"], default="replay",
-                        help="with --forecast: the arrivals replayed, or each key idle now "
-                             "but busy over those seconds taken to be back now")
+    parser.add_argument("--foresee", choices=["replay", "keys", "hold"], default="replay",
+                        help="with --forecast: the arrivals replayed; each key idle now but "
+                             "busy over those seconds taken to be back now; or each key busy "
+                             "over those seconds holding its share after its batches end")
     parser.add_argument("--results", default="eta_model")
     parser.add_argument("--long-requests", type=int, default=10_000)
     parser.add_argument("--short-requests", type=int, default=4_000)
