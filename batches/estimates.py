@@ -351,9 +351,7 @@ def estimates_refresh(now: datetime | None = None) -> int:
     risky: set[str] = set()
     stored = {row.model: row for row in ModelThroughput.objects.all()}
     for model, chunks in open_chunks().items():
-        weight = PROGRESS.prompt_weight(model)
-        if weight is None:  # not told apart yet (or a fresh control worker): the last one
-            weight = stored[model].prompt_weight if model in stored else 0.0
+        weight = prompt_weight(model, stored.get(model), work.get(model, {}))
         measured = model_throughput_measure(
             model=model, live_workers=len(work.get(model, {})), now=now,
             stored=stored.get(model),
@@ -384,6 +382,27 @@ def estimates_refresh(now: datetime | None = None) -> int:
             moved += Batch.objects.filter(id=batch_id, status=BatchStatus.IN_PROGRESS).update(
                 estimated_completion_at=estimate, at_risk=batch_id in risky)
     return moved
+
+
+def prompt_weight(model: str, stored: ModelThroughput | None,
+                  workers: dict[str, fleet_selectors.WorkerWork]) -> float:
+    """What a prompt token costs on `model`, in output tokens: the refresh's own fit
+    of its workers' intervals (PROGRESS); until that tells, the last one stored;
+    for a model never fitted (none stored, or 0), the median of what its live
+    workers' engines tell from their steps (Worker.engine_prompt_weight), which
+    they do within their first seconds; else 0. Without a prior, prompts cost
+    nothing until batches of other answer lengths give the intervals' fit its
+    spread: on the CPU engine that took two minutes, and the batches of longer
+    answers queued meanwhile read 20-30 % late (docs/benchmarks.md, "The real
+    engine's first two minutes, traced")."""
+    fitted = PROGRESS.prompt_weight(model)
+    if fitted is not None:
+        return fitted
+    if stored is not None and stored.prompt_weight > 0:
+        return stored.prompt_weight
+    told = sorted(seen.prompt_weight for seen in workers.values()
+                  if seen.prompt_weight is not None)
+    return told[len(told) // 2] if told else 0.0
 
 
 def load_of(row: tuple, requests: int, measured: ModelThroughput | None,

@@ -53,6 +53,10 @@ class Worker(models.Model):
     # steps): their work done, which the ETA does not count again.
     prompt_tokens_in_flight = models.BigIntegerField(default=0)
     tokens_in_flight = models.BigIntegerField(default=0)
+    # A prompt token's cost against an output token's, as its engine's own steps tell
+    # (an engine that reports each step's work and time: WorkerState.add_work); None
+    # until they do. The ETA's prior for a model whose work it has not fitted yet.
+    engine_prompt_weight = models.FloatField(null=True, blank=True)
 
     class Meta:
         db_table = "inference_worker"

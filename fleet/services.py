@@ -22,12 +22,13 @@ def worker_heartbeat(*, name: str, hostname: str, engine: str, model: str, capac
                      held_chunks: list[int] | None = None,
                      admission: dict | None = None, max_context_length: int = 0,
                      work: tuple[float, int, int] = (0.0, 0, 0),
-                     in_flight: tuple[int, int] = (0, 0)) -> None:
+                     in_flight: tuple[int, int] = (0, 0),
+                     prompt_weight: float | None = None) -> None:
     """Record a worker's liveness, slots and counters, the chunks it holds, its
     engine's adaptive concurrency and context, and its engines' `work` (seconds busy,
-    prompt tokens computed, tokens generated) and what of it belongs to requests
-    still running (`in_flight`: prompt tokens, tokens generated) (its own row
-    only)."""
+    prompt tokens computed, tokens generated), what of it belongs to requests still
+    running (`in_flight`: prompt tokens, tokens generated) and the `prompt_weight`
+    its engine's steps tell (its own row only)."""
     Worker.objects.update_or_create(
         name=name,
         defaults={"hostname": hostname, "pid": os.getpid(), "engine": engine, "model": model,
@@ -39,6 +40,7 @@ def worker_heartbeat(*, name: str, hostname: str, engine: str, model: str, capac
                   "max_context_length": max_context_length, "busy_seconds": work[0],
                   "prompt_tokens_computed": work[1], "tokens_computed": work[2],
                   "prompt_tokens_in_flight": in_flight[0], "tokens_in_flight": in_flight[1],
+                  "engine_prompt_weight": prompt_weight,
                   "heartbeat_at": timezone.now(), "stopped_at": None},
     )
 

@@ -172,6 +172,7 @@ class EngineHost:
         engine that tells them, else from each answer."""
         engine = self.engine
         self.state.work_from_engine = engine.reports_work
+        self.state.new_engine()
         if engine.reports_work:
             engine.work_listener = self.state.add_work
 

@@ -47,6 +47,7 @@ class Heartbeat:
             completed=state.completed, failed=state.failed_requests, tokens=state.tokens,
             work=(slots.busy_seconds, state.prompt_tokens_computed, state.tokens_computed),
             in_flight=state.in_flight(idle=slots.active == 0, bound=slots.tokens_active),
+            prompt_weight=state.engine_prompt_weight(),
             storage_error=state.storage_error, held_chunks=self.held_chunk_ids(),
             admission=None if engines.engine is None else engines.engine.admission,
             max_context_length=(engines.engine.max_context_length

@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from batches.eta import PromptFit
 from batches.usage import Usage
 
 
@@ -47,6 +48,8 @@ class WorkerState:
     # requests it still runs (in_flight).
     prompt_tokens_answered: int = 0
     tokens_answered: int = 0
+    # Each step's seconds over its work, from an engine that tells both (add_work).
+    step_fit: PromptFit = field(default_factory=PromptFit)
     _stats_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -71,11 +74,30 @@ class WorkerState:
                 self.prompt_tokens_computed += prompt
                 self.tokens_computed += output
 
-    def add_work(self, prompt_tokens: int, output_tokens: int) -> None:
-        """An engine step's work, from an engine that reports it (Engine.reports_work)."""
+    def add_work(self, prompt_tokens: int, output_tokens: int, finished: int = 0,
+                 seconds: float | None = None) -> None:
+        """An engine step's work, from an engine that reports it (Engine.reports_work):
+        its prompt tokens computed, tokens generated, requests finished and, where the
+        engine tells it, its `seconds` in the engine, which the step fit learns from."""
         with self._stats_lock:
             self.prompt_tokens_computed += prompt_tokens
             self.tokens_computed += output_tokens
+            if seconds is not None and seconds > 0:
+                self.step_fit.add(seconds, output_tokens + finished, prompt_tokens, seconds)
+
+    def new_engine(self) -> None:
+        """Another engine (a start, a swap): its steps are fitted afresh."""
+        with self._stats_lock:
+            self.step_fit = PromptFit()
+
+    def engine_prompt_weight(self) -> float | None:
+        """A prompt token's cost against an output token's as the engine's steps tell
+        (batches.eta.PromptFit over steps instead of the refresh's intervals): a step
+        that prefills a chunk of prompts beside one that only decodes gives the fit its
+        spread within the engine's first seconds, where the intervals take as long as
+        the mix of batches takes to vary. None until the steps tell it."""
+        with self._stats_lock:
+            return self.step_fit.weight()
 
     def in_flight(self, *, idle: bool, bound: int) -> tuple[int, int]:
         """The prompt tokens computed and the tokens generated for requests not

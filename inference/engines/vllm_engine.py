@@ -109,8 +109,14 @@ class _LoadReporter(StatLoggerBase):
         if scheduler_stats is not None:
             self.engine._core_load(self.engine_index, scheduler_stats)
         if iteration_stats is not None:
+            # The step's time in the engine core: the inter-token latency of each
+            # request it decoded, one each step (the least: a request preempted and
+            # resumed waited more). None for a step that decoded none.
+            latencies = iteration_stats.inter_token_latencies_iter
             self.engine.report_work(iteration_stats.prompt_token_stats.computed,
-                                    iteration_stats.num_generation_tokens)
+                                    iteration_stats.num_generation_tokens,
+                                    len(iteration_stats.finished_requests),
+                                    min(latencies) if latencies else None)
 
     def log_engine_initialized(self) -> None:
         pass

@@ -123,9 +123,10 @@ class Engine(abc.ABC):
         # Called (on the engine loop) with every load the engine reports, if it
         # reports any (max_running is not None); the worker admits from it.
         self.load_listener: Callable[[EngineLoad], None] | None = None
-        # Called (on the engine loop) with the prompt tokens each step computed and
-        # the tokens it generated, if the engine tells them (reports_work).
-        self.work_listener: Callable[[int, int], None] | None = None
+        # Called (on the engine loop) with the prompt tokens each step computed, the
+        # tokens it generated, the requests it finished and its seconds in the engine
+        # (None where it cannot tell), if the engine tells them (reports_work).
+        self.work_listener: Callable[[int, int, int, float | None], None] | None = None
 
     @property
     @abc.abstractmethod
@@ -162,10 +163,11 @@ class Engine(abc.ABC):
         batches/estimates.py, read these figures)."""
         return False
 
-    def report_work(self, prompt_tokens: int, output_tokens: int) -> None:
+    def report_work(self, prompt_tokens: int, output_tokens: int, finished: int = 0,
+                    seconds: float | None = None) -> None:
         listener = self.work_listener
         if listener is not None:
-            listener(prompt_tokens, output_tokens)
+            listener(prompt_tokens, output_tokens, finished, seconds)
 
     def report_load(self, load: EngineLoad) -> None:
         listener = self.load_listener

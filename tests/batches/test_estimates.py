@@ -433,6 +433,51 @@ def test_a_batch_s_prompt_tokens_cost_at_the_model_s_prompt_weight(running_batch
     assert eta_of(batch, now) == pytest.approx(seconds)
 
 
+def test_a_model_never_fitted_costs_prompts_as_its_engines_steps_tell(running_batch):
+    """Before the intervals' fit tells a prompt token's worth, and with none stored,
+    the model's live workers' engines tell it from their steps
+    (Worker.engine_prompt_weight): the rate is measured and the requests costed at
+    it, and it is stored with the rate. A finished chunk of 2 requests of 10 tokens
+    and 30 prompt tokens took 5.2 s: 26 units each at 0.5, 10 units a second; the
+    running batch's requests are expected to answer 20 (their limit 40, the model
+    answers half of it) with 30 prompt tokens: 36 units each. At weight 0 the rate
+    would read 4.2 and the ETA 50 s."""
+    model = served_model().id
+    live_workers(1, model)
+    Worker.objects.update(engine_prompt_weight=0.5)
+    now = timezone.now()
+    done = running_batch(2, chunk_size=2)
+    finish(done, range(1), workers=["w0"], started=now - timedelta(seconds=60), seconds=5.2,
+           output_tokens=2 * 10)
+    Batch.objects.filter(id=done.id).update(status=BatchStatus.COMPLETED, usage_input_tokens=60,
+                                            output_limit_mean=20, completed_at=now)
+    batch = running_batch(10, chunk_size=5)
+    Batch.objects.filter(id=batch.id).update(output_limit_mean=40)
+
+    estimates.estimates_refresh(now)
+
+    assert ModelThroughput.objects.get(model=model).prompt_weight == 0.5
+    assert eta_of(batch, now) == pytest.approx(10 * 36 / 10)
+
+
+@pytest.mark.parametrize(("fitted", "stored", "told", "weight"), [
+    (0.3, 0.2, [0.9], 0.3),  # the intervals' fit first
+    (None, 0.2, [0.9], 0.2),  # then the last one stored
+    (None, 0.0, [0.9, 0.5, 0.7], 0.7),  # never fitted: the engines' median
+    (None, None, [0.6, None], 0.6),  # nothing stored: the same
+    (None, None, [None], 0.0),  # no engine tells: prompts cost nothing
+])
+def test_a_prompt_token_s_worth_is_the_fit_then_the_stored_then_the_engines(
+        monkeypatch, fitted, stored, told, weight):
+    progress = estimates.Progress()
+    monkeypatch.setattr(progress, "prompt_weight", lambda model: fitted)
+    monkeypatch.setattr(estimates, "PROGRESS", progress)
+    row = None if stored is None else ModelThroughput(model="m", rate=1, prompt_weight=stored)
+    workers = {f"w{n}": fleet_selectors.WorkerWork(8, 0, 0, 0, 0, prompt_weight=seen)
+               for n, seen in enumerate(told)}
+    assert estimates.prompt_weight("m", row, workers) == weight
+
+
 @pytest.mark.parametrize(("limit_done", "seconds"), [
     (4 * 8, (6 + (16 * 10 - 32)) / 10),  # the short ones done: the rest by their limits
     (4 * 16, 6 * (1 + 8) / 10),  # done ones of the mean limit: the mean so far

@@ -98,6 +98,32 @@ def test_the_work_done_of_requests_still_running_is_told_apart():
     assert WorkerState().in_flight(idle=False, bound=1000) == (0, 0)
 
 
+def test_the_engines_steps_tell_a_prompt_tokens_cost(runtime_factory):
+    """Each step's seconds over its work (WorkerState.add_work from an engine that
+    tells both) fit a prompt token's cost against a decode unit's (a request done
+    or a token generated) within a few steps, where steps that prefill sit beside
+    steps that only decode; the heartbeat carries it (Worker.engine_prompt_weight),
+    the ETA's prior for a model not fitted yet. A new engine starts afresh."""
+    runtime = runtime_factory()
+    state = runtime.state
+    state.work_from_engine = True
+    assert state.engine_prompt_weight() is None
+    # A decode unit 4 ms, a prompt token 1 ms: a prompt token is worth 0.25.
+    for prompt, output, finished in ((2000, 20, 0), (0, 60, 4), (800, 60, 2), (0, 40, 8),
+                                     (1500, 30, 1), (300, 64, 0)):
+        state.add_work(prompt, output, finished, 0.004 * (output + finished) + 0.001 * prompt)
+    state.add_work(100, 1)  # a step that says no time: counted, not fitted
+    assert state.engine_prompt_weight() == pytest.approx(0.25)
+    assert (state.prompt_tokens_computed, state.tokens_computed) == (4700, 275)
+    runtime.heartbeat.beat_once()
+    assert Worker.objects.get(name=runtime.name).engine_prompt_weight == pytest.approx(0.25)
+
+    state.new_engine()  # a swap: another model's steps
+    assert state.engine_prompt_weight() is None
+    runtime.heartbeat.beat_once()
+    assert Worker.objects.get(name=runtime.name).engine_prompt_weight is None
+
+
 def test_flushes_and_heartbeats_in_a_database_outage_say_it_once(runtime_factory, monkeypatch,
                                                                  caplog):
     runtime = runtime_factory()

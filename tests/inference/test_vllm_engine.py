@@ -163,8 +163,10 @@ def test_the_engine_tells_its_work_step_by_step(vllm: EngineHarness) -> None:
     # The worker's work figures for the ETA's cost fit (WorkerState.add_work): the
     # tokens each step generated and the prompt tokens it computed (prefix-cache
     # hits, such as the chat template's start, left out).
+    # Each step also tells the requests it finished and its time in the engine
+    # core, which the worker fits a prompt token's cost from (WorkerState.add_work).
     work = []
-    vllm.engine.work_listener = lambda prompt, output: work.append((prompt, output))
+    vllm.engine.work_listener = lambda *step: work.append(step)
     try:
         results = vllm.generate_all(*(chat_request(f"Name {n} colours.", max_tokens=6)
                                       for n in range(4)))
@@ -172,10 +174,15 @@ def test_the_engine_tells_its_work_step_by_step(vllm: EngineHarness) -> None:
         vllm.engine.work_listener = None
     assert all(result.error is None for result in results)
     assert vllm.engine.reports_work
-    assert sum(output for _, output in work) == sum(r.completion_tokens for r in results)
-    computed = sum(prompt for prompt, _ in work)
+    assert sum(step[1] for step in work) == sum(r.completion_tokens for r in results)
+    computed = sum(step[0] for step in work)
     assert 0 < computed <= sum(r.prompt_tokens for r in results)
     assert len(work) >= 6  # step by step, not once per answer
+    assert sum(step[2] for step in work) == len(results)
+    # Every step after the first decodes the four, so its time is told; the first
+    # (the prefill that gives each its first token) has none before it to time.
+    timed = [step[3] for step in work if step[3] is not None]
+    assert len(timed) >= len(work) - 1 and all(0 < seconds < 60 for seconds in timed)
 
 
 def test_chat_body_has_the_contract_shape_and_usage_adds_up(
