@@ -71,5 +71,7 @@ def test_requests_in_flight_wait_together_not_one_after_another():
     results = asyncio.run(many())
     took = time.perf_counter() - started
     assert all(result.completion_tokens == 20 for result in results)
-    # Each takes 0.1 s; 300 one after another would take 30 s.
-    assert took < 1.0, took
+    # Each takes 0.1 s; 300 one after another would take 30 s. Their 6,000 timer
+    # wake-ups took 1.1 s once on a loaded CI machine: the bound is room for that, and
+    # still a sixth of the time one after another.
+    assert took < 5.0, took
