@@ -6,11 +6,11 @@ Pure, no database. Two plays of the scheduler (batches/dispatch.py):
 - `chunk_finish_times`, the server's ETA: the dispatcher and the workers played
   forward chunk by chunk from where every open chunk is (held by a worker, in the
   broker's window, pending), each worker running its chunks' requests in the order
-  it claimed them, as many at once as its slots, a step at a time, at one worker's
-  rate (batches/estimates.py measures it). It sees what a split of the rate
-  cannot: a chunk keeps its worker, a small batch's chunk waits for the window and
-  the chunks ahead of it, and on a worker with many slots a short answer ends
-  before the long ones beside it, however dear its prompt.
+  it claimed them, as many at once as its slots, at one worker's rate
+  (batches/estimates.py measures it). It sees what a split of the rate cannot: a
+  chunk keeps its worker, a small batch's chunk waits for the window and the
+  chunks ahead of it, and on a worker with many slots a cheap chunk ends before the
+  dear ones beside it.
 - `finish_times` and `fair_finish_times`, the fluid view the deadline policy plans
   with (batches/deadlines.py) and benchmarks/eta_model.py checks it by: stride
   scheduling over many chunks is a fluid split of the model's throughput in
@@ -32,6 +32,7 @@ deadline policy (batches/deadlines.py) when dispatch applies it.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import Counter, deque
@@ -57,11 +58,6 @@ class Load:
     # moves its pass), so a batch's part of the model's cost units is its share
     # times its cost per request: long answers take more of the workers' time.
     cost: float = 1.0
-    # The steps one of its requests stays in an engine's slot for: one plus its output
-    # tokens (an engine runs a token of each request in it a step: _Engine). None:
-    # not known (a model none of whose batches finished): as its model's other
-    # batches' steps per cost unit (_ChunkPlay.steps), else its cost.
-    steps: float | None = None
 
 
 ShareFunction = Callable[[Sequence[Load]], dict[str, float]]
@@ -184,17 +180,6 @@ def request_cost(done: int, output_tokens: int, fallback: float = 1.0, prompt_to
         return fallback
     output = output_tokens / done if answer is None else answer
     return 1.0 + output + prompt_weight * prompt_tokens / done
-
-
-def request_steps(done: int, output_tokens: int, prior: float | None = None,
-                  answer: float | None = None) -> float | None:
-    """The steps one request of a batch stays in an engine's slot for (Load.steps):
-    one plus the output tokens request_cost counts for it (its answers so far, or
-    `answer`, eta.left_output's), before any finished one plus the answer prior
-    (`prior`); None without either."""
-    if done <= 0:
-        return None if prior is None else 1.0 + prior
-    return 1.0 + (output_tokens / done if answer is None else answer)
 
 
 def left_output(done: int, left: int, tokens: int, limit_done: int,
@@ -391,95 +376,94 @@ class Dispatch:
     passes: dict[str, float] = field(default_factory=dict)
 
 
-class _Engine:
-    """One worker's engine, played step by step: its slots admit its chunks'
-    requests in the order it claimed them (inference/slots.py) as they free, and
-    each step gives every request in one step (vLLM's scheduler: a token of each; a
-    GPU's batch; the simulated engine's requests each at their own pace). A request
-    stays in for its steps (Load.steps: one plus its output tokens), and a step
-    takes the work of it over the worker's rate: each request in does its cost over
-    its steps (its prompt, its tokens). So a request of few steps beside long
-    answers ends soon, however dear its prompt, and one of many steps stays while
-    the short ones beside it come and go. Where every request's steps are in
-    proportion to its cost this is processor sharing, each taking as much of the
-    engine as the request does; with one slot, one request after another.
+class _Stream:
+    """One worker's requests in the order its slots admit them (its chunks' claim
+    order: inference/slots.py), as positions in a stream done at the worker's rate,
+    first in, first out. Each chunk is a segment: its first position, when the
+    stream starts on it and its cost a request; `ends` and `times` are where and
+    when each segment ends.
 
-    The requests of one chunk admitted together move as one cohort, so the play's
-    events are the cohorts' ends, a few per chunk, not one per request: the
-    engine counts the steps it ran (`ran`), and a cohort is (the count of steps at
-    which it ends, order, chunk, requests, work a step each), in a heap."""
+    A chunk's last request is admitted once the stream has done all but the
+    requests the slots hold with it, and shares the engine with them, each taking
+    as much of it as the request does (processor sharing): so it ends after its own
+    cost plus, from each of the requests beside it (before it, still in the engine,
+    and after it, filling the slots that free), as much as its cost, at most the
+    slots' worth (`close`). With one slot that is the stream reaching the chunk's
+    end; with many, a cheap chunk behind dear ones ends before them and a dear
+    chunk after the cheap ones beside it, as on an engine that runs them side by
+    side."""
 
-    def __init__(self, slots: int, rate: float) -> None:
+    def __init__(self, slots: int, rate: float, done: float = 0.0) -> None:
         self.slots, self.rate = max(slots, 1), rate
-        self.clock = 0.0
-        self.ran = 0.0  # steps run since the play's start
-        self.waiting: deque[list] = deque()  # [chunk, requests, work a step each, steps]
-        self.running: list[tuple[float, int, int, float, float]] = []  # cohorts
-        self.filled = 0.0  # requests in
-        self.step_work = 0.0  # cost units a step: the requests in's work a step
-        self.left: dict[int, float] = {}  # each chunk's requests not yet ended
-        self.cohorts = 0
-        self.changed = 0  # counts changes, for the play's heap (_ChunkPlay.close)
+        # Seconds ahead: the engine did `done` cost units of the requests in it now
+        # (Held.done), so the stream's first segment started that long before now.
+        self.lead = done / rate if rate > 0 else 0.0
+        self.segments: list[tuple[float, float, float]] = []  # (first position, start, cost)
+        self.ends: list[float] = []
+        self.times: list[float] = []
+        self.head = 0  # the segments before it were done before now
 
-    def add(self, chunk: int, requests: float, cost: float, steps: float) -> None:
-        """The worker holds `chunk` (`requests` of `cost` and `steps` each) from its
-        clock: they wait for its slots behind the ones it holds."""
-        self.left[chunk] = requests
-        self.waiting.append([chunk, requests, cost / steps, steps])
-        self.admit()
+    @property
+    def position(self) -> float:
+        return self.ends[-1] if self.ends else 0.0
 
-    def admit(self) -> None:
-        self.changed += 1
-        while self.waiting and self.slots - self.filled > 1e-9:
-            chunk, requests, each, steps = head = self.waiting[0]
-            count = min(requests, self.slots - self.filled)
-            self.cohorts += 1
-            heapq.heappush(self.running, (self.ran + steps, self.cohorts, chunk, count, each))
-            self.filled += count
-            self.step_work += count * each
-            head[1] -= count
-            if head[1] <= 1e-9:
-                self.waiting.popleft()
+    def add(self, requests: float, cost: float, at: float) -> float:
+        """Append a chunk of `requests` of `cost` each at time `at`; its end position."""
+        start = max(self.times[-1], at) if self.times else at - (self.lead if at <= 0 else 0.0)
+        self.lead = 0.0  # the requests in the engine at the start only
+        self.segments.append((self.position, start, cost))
+        self.ends.append(self.position + requests)
+        self.times.append(start + requests * cost / self.rate)
+        return self.ends[-1]
 
-    def count_off(self, done: float) -> None:
-        """The engine did `done` cost units of the requests in it already: their
-        steps left shrink in proportion."""
-        work = sum(count * each * (end - self.ran) for end, _, _, count, each in self.running)
-        if done > 0 and work > 0:
-            keep = max(1.0 - done / work, 0.0)
-            self.running = [(self.ran + (end - self.ran) * keep, *rest)
-                            for end, *rest in self.running]
-            heapq.heapify(self.running)
-            self.changed += 1
+    def done_at(self, when: float) -> float:
+        """The stream's position at `when`, no earlier than the last asked (the
+        segments done by then are dropped)."""
+        while self.head < len(self.times) and self.times[self.head] <= when:
+            self.head += 1
+        if self.head > 64 and self.head * 2 > len(self.times):
+            del self.segments[:self.head], self.ends[:self.head], self.times[:self.head]
+            self.head = 0
+        if self.head == len(self.times):
+            return self.position
+        first, start, cost = self.segments[self.head]
+        return first if when <= start else first + (when - start) * self.rate / cost
 
-    def next_end(self) -> float:
-        """When the next cohort ends, if nothing joins before (inf: none in)."""
-        if not self.running:
-            return math.inf
-        return self.clock + (self.running[0][0] - self.ran) * self.step_work / self.rate
+    def reached(self, position: float) -> float:
+        """When the stream reaches `position` (one not before the head's)."""
+        i = bisect.bisect_left(self.ends, position, lo=self.head)
+        if i == len(self.ends):
+            return self.times[-1]
+        first, start, cost = self.segments[i]
+        return start + max(position - first, 0.0) * cost / self.rate
 
-    def advance(self, when: float) -> list[int]:
-        """Play on to `when`, no later than next_end(): the requests in run the steps
-        that take; the cohorts at their end leave and the waiting requests take
-        their slots. Returns the chunks whose last requests ended."""
-        if self.running and (when >= self.next_end() or self.step_work <= 1e-12):
-            self.ran = max(self.ran, self.running[0][0])  # to its end, whatever the rounding
-        elif self.running:
-            self.ran += max(when - self.clock, 0.0) * self.rate / self.step_work
-        self.clock = max(self.clock, when)
-        closed = []
-        while self.running and self.running[0][0] <= self.ran + 1e-9 * max(self.ran, 1.0):
-            _, _, chunk, count, each = heapq.heappop(self.running)
-            self.filled -= count
-            self.step_work -= count * each
-            self.left[chunk] -= count
-            if self.left[chunk] <= 1e-9:
-                del self.left[chunk]
-                closed.append(chunk)
-        if not self.running:  # no rounding left over
-            self.filled = self.step_work = 0.0
-        self.admit()
-        return closed
+    def beside(self, low: float, high: float, cost: float, limit: float) -> float:
+        """Cost units of the requests at positions (low, high], each counted up to
+        `cost`, summed until past `limit`."""
+        total = 0.0
+        i = bisect.bisect_right(self.ends, low, lo=self.head)
+        while i < len(self.ends) and total < limit and self.segments[i][0] < high:
+            first, _, each = self.segments[i]
+            total += (min(high, self.ends[i]) - max(low, first)) * min(each, cost)
+            i += 1
+        return total
+
+    def close(self, end: float, requests: float, cost: float, now: float) -> float:
+        """When the chunk of `requests` of `cost` each that ends at position `end`,
+        added at `now`, closes: when its last request ends. Requests found in the
+        engine at the start count whole but for what the worker says its engine
+        did of them where nothing follows them (`lead`, in seconds, from
+        _ChunkPlay.counted_off), not a guess: a chunk's last requests are its
+        longest, and taking them as half through read the tails of chunks early on
+        the real engine."""
+        if requests <= 0:
+            return now
+        done = self.done_at(now)
+        admitted = now if end - self.slots <= done else self.reached(end - self.slots)
+        limit = (self.slots - 1) * cost
+        shared = self.beside(max(end - self.slots, done), end - 1, cost, limit)
+        shared += self.beside(end, self.position, cost, limit - shared)
+        return max(admitted, now) + (cost + min(shared, limit)) / self.rate
 
 
 class _ChunkPlay:
@@ -493,11 +477,8 @@ class _ChunkPlay:
         self.queue = deque(state.queued)
         self.pending = {batch: [chunks, requests] for batch, (chunks, requests)
                         in state.pending.items() if chunks > 0 and batch in self.loads}
-        known = [load for load in loads if load.steps]
-        # Steps per cost unit for the batches that do not tell theirs: the others'.
-        self.per_cost = sum(load.steps for load in known) / sum(load.cost for load in known) \
-            if known else 1.0
-        self.engines = [_Engine(held.slots, worker_rate) for held in state.workers]
+        self.streams = [_Stream(held.slots, worker_rate, self.counted_off(held))
+                        for held in state.workers]
         self.left = Counter(batch for held in state.workers for batch, _ in held.chunks)
         self.left.update(batch for batch, _ in self.queue)
         self.left.update({batch: chunks for batch, (chunks, _) in self.pending.items()})
@@ -506,34 +487,26 @@ class _ChunkPlay:
         heapq.heapify(self.passes)
         self.split: dict[str, float] = {}
         self.members: frozenset[str] = frozenset()
-        self.held: dict[int, tuple[int, str, float]] = {}  # order taken: (worker, batch, work)
-        self.ended: deque[int] = deque()  # chunks whose last request ended now
-        # (when, worker, its engine's change count then): the next end of a cohort in
-        # each worker's engine; an entry its engine changed since is stale.
-        self.ends: list[tuple[float, int, int]] = []
+        # (when it closes, order taken, worker, batch, cost units): the chunks held
+        self.closes: list[tuple[float, int, int, str, float]] = []
+        self.taken: list[tuple[int, str, float, float]] = []  # this instant's, unsettled
         self.order = 0
         self.now = 0.0
         for worker, held in enumerate(state.workers):
             for batch, work in held.chunks:
                 self.hold(worker, batch, work)
-            self.engines[worker].count_off(self.counted_off(held))
-            self.schedule(worker)
 
     def cost(self, batch: str) -> float:
         return self.loads[batch].cost if batch in self.loads else 1.0
 
-    def steps(self, batch: str) -> float:
-        load = self.loads.get(batch)
-        return load.steps if load and load.steps else self.cost(batch) * self.per_cost
-
     def counted_off(self, held: Held) -> float:
-        """What `held`'s engine did of the requests in it (Held.done), counted off
-        (_Engine.count_off) only while no request follows them: none waits for its slots, none is
+        """What `held`'s engine did of the requests in it (Held.done), counted off its
+        stream only while no request follows them: none waits for its slots, none is
         in the broker's window or pending. Then the engine has just their work left.
         While requests follow, the engine prefills each as a slot frees, in the same
         steps as it decodes the ones in it, so those go no faster for the prompts
         they had computed: with their admissions staggered, the one admitted k-th
-        ends about when the work before it, started now, is done (a request's time in
+        ends about when the stream, started now, reaches it (a request's time in
         full slots is the slots' work over the rate, and the k-th has k of those
         parts left). Counting the work done off there read the real engine's ETAs of
         running batches early by a median 15 % (5 % on larger batches), against 8 %
@@ -543,21 +516,20 @@ class _ChunkPlay:
         return 0.0 if follows else held.done
 
     def hold(self, worker: int, batch: str, work: float) -> None:
-        """`worker` holds a chunk from now: its requests wait for the worker's slots
-        behind those it holds."""
-        engine = self.engines[worker]
-        self.ended.extend(engine.advance(self.now))  # a tie: its chunks end now too
-        self.order += 1
-        self.held[self.order] = (worker, batch, work)
-        engine.add(self.order, work / self.cost(batch), self.cost(batch), self.steps(batch))
+        """`worker` holds a chunk from now: its requests join the worker's stream."""
+        end = self.streams[worker].add(work / self.cost(batch), self.cost(batch), self.now)
         self.holding[worker] += 1
-        self.schedule(worker)
+        self.taken.append((worker, batch, work, end))
 
-    def schedule(self, worker: int) -> None:
-        """`worker`'s engine changed: when its next cohort ends now."""
-        engine = self.engines[worker]
-        if engine.running:
-            heapq.heappush(self.ends, (engine.next_end(), worker, engine.changed))
+    def settle(self) -> None:
+        """When the chunks taken at this instant close, worked out once all of them
+        are in (they share their worker's engine)."""
+        for worker, batch, work, end in self.taken:
+            cost = self.cost(batch)
+            when = self.streams[worker].close(end, work / cost, cost, self.now)
+            self.order += 1
+            heapq.heappush(self.closes, (when, self.order, worker, batch, work))
+        self.taken.clear()
 
     def refill(self) -> None:
         """The dispatcher: the lowest pass's next chunk into the window, while it has room."""
@@ -597,19 +569,10 @@ class _ChunkPlay:
                 if self.queue:
                     self.take(worker)
 
-    def close(self) -> str | None:
-        """The next chunk to close, played on to the next end of a cohort in any
-        worker's engine until one does; its worker takes another from the window.
-        Returns its batch (None: none left)."""
-        while not self.ended:
-            if not self.ends:
-                return None
-            when, worker, changed = heapq.heappop(self.ends)
-            if changed == self.engines[worker].changed:  # else stale: it changed since
-                self.now = when
-                self.ended.extend(self.engines[worker].advance(when))
-                self.schedule(worker)
-        worker, batch, work = self.held.pop(self.ended.popleft())
+    def close(self) -> str:
+        """The next chunk to close; its worker takes another from the window. Returns
+        its batch."""
+        self.now, _, worker, batch, work = heapq.heappop(self.closes)
         self.holding[worker] -= 1
         self.left[batch] -= 1
         if batch in self.remaining:
@@ -617,6 +580,7 @@ class _ChunkPlay:
         if self.queue and self.holding[worker] < self.state.workers[worker].threads:
             self.take(worker)
         self.deal()
+        self.settle()
         return batch
 
 
@@ -629,20 +593,21 @@ def chunk_finish_times(loads: Sequence[Load], state: Dispatch, worker_rate: floa
     `shares` over the batches still pending, as dispatch computes them); a worker
     with a free chunk thread takes the window's first chunk; each worker runs its
     chunks' requests at `worker_rate` cost units a second, in the order it claimed
-    them, as many at once as its slots, step by step (`_Engine`: a request stays in
-    for its steps; one slot serves its chunks one after another). Exact for a
-    scheduler and engines that behave so, whatever the batches' sizes: a small
-    batch's one chunk waits for the window ahead of it and for the chunks ahead of
-    it on its worker, which a fluid split of the rate cannot say. O(cohorts × log),
-    a few cohorts a chunk, plus a share computation each time a batch runs out of
-    pending chunks."""
+    them, as many at once as its slots (`_Stream`: one slot serves its chunks one
+    after another). Exact for a scheduler that behaves so, whatever the batches'
+    sizes: a small batch's one chunk waits for the window ahead of it and for the
+    chunks ahead of it on its worker, which a fluid split of the rate cannot say.
+    O(chunks × log) plus a share computation each time a batch runs out of pending
+    chunks."""
     if worker_rate <= 0:
         raise ValueError("chunk_finish_times needs a positive rate")
     play = _ChunkPlay(loads, state, worker_rate, shares)
     finish = {batch: 0.0 for batch in play.loads if play.left[batch] <= 0}
     play.refill()
     play.deal()
-    while (batch := play.close()) is not None:
+    play.settle()
+    while play.closes:
+        batch = play.close()
         if play.left[batch] <= 0 and batch in play.loads:
             finish[batch] = play.now
     for batch in play.loads:

@@ -22,7 +22,6 @@ from batches.eta import (
     finish_times,
     left_output,
     measured_rate,
-    request_steps,
     service_rate,
 )
 
@@ -311,17 +310,16 @@ def test_the_chunk_play(case, workers, queued, pending, window, expected):
     # Six requests in 64 slots: the engine's whole rate is theirs (6 s, not 64).
     ("fewer requests than slots share only among themselves",
      Held(3, (("a", 6.0),), slots=64), {"a": 1.0}, {"a": 6}),
-    # Twelve slots always full of requests of one step: they run twelve at a time, a
-    # step of 12 s. a's last two run in the fifth step beside ten of b's (60 s), b's
-    # last four in the ninth beside eight of c's (108 s), c's last in the 13th.
+    # Twelve slots always full of requests of one cost: each chunk of 50 ends when
+    # the stream reaches its end, as one after another.
     ("full slots of one cost close the chunks in turn",
      Held(3, (("a", 50.0), ("b", 50.0), ("c", 50.0)), slots=12), {"a": 1.0, "b": 1.0, "c": 1.0},
-     {"a": 60, "b": 108, "c": 150}),
-    # Four steps of twelve of a's (48 s), then a's last two beside b's two (half a
-    # step each, as their cost): b's end half a step later (2 s), a's another half
-    # step later (alone, 1 s).
+     {"a": 50, "b": 100, "c": 150}),
+    # Twelve slots kept full: a's last request enters when 38 are done (38 s) and
+    # ends 12 units later (50 s); b's last one (0.5) enters when 40 are done (40 s),
+    # beside ten of a's and its other one, each counted up to its 0.5: 6 units later.
     ("a cheap chunk in full slots ends before the dear one it came behind",
-     Held(3, (("a", 50.0), ("b", 1.0)), slots=12), {"a": 1.0, "b": 0.5}, {"a": 51, "b": 50}),
+     Held(3, (("a", 50.0), ("b", 1.0)), slots=12), {"a": 1.0, "b": 0.5}, {"a": 50, "b": 46}),
     ("a chunk waiting for slots has not started",
      Held(3, (("a", 4.0), ("b", 4.0)), slots=4), {"a": 1.0, "b": 1.0}, {"a": 4, "b": 8}),
     # The engine did 3 units of the six requests in it (the worker's own figures):
@@ -339,94 +337,6 @@ def test_a_worker_runs_its_chunks_requests_side_by_side_in_its_slots(case, held,
              for batch, cost in costs.items()]
     finish = chunk_finish_times(loads, Dispatch(workers=(held,)), 1.0)
     assert finish == pytest.approx(expected), case
-
-
-# (cost, steps) a request: prompts of 70 units, answers of 8 or 32 tokens.
-SHORT, LONG = (79.0, 9.0), (103.0, 33.0)
-
-
-@pytest.mark.parametrize(("case", "chunks", "slots", "expected"), [
-    # Two slots, rate 1: a (4 units in 4 steps) and b's four prompt-heavy requests (2
-    # units in 1 step) one after another beside it. Each step costs 1 + 2 units: a
-    # ends after 4 steps (12 s) with b's last. Processor sharing said 8 s (b's
-    # requests counted up to a's cost, two of them).
-    ("a request of many steps stays while short ones come and go",
-     (("a", 1, 4.0, 4.0), ("b", 4, 2.0, 1.0)), 2, {"a": 12, "b": 12}),
-    # b (3 units in 1 step) beside a (4 units in 4 steps): one step of 1 + 3 units
-    # (4 s), then a's three left alone (7 s). Processor sharing said b at 6 s.
-    ("a request of few steps ends soon, however dear its prompt",
-     (("a", 1, 4.0, 4.0), ("b", 1, 3.0, 1.0)), 2, {"a": 7, "b": 4}),
-    # Steps in proportion to cost: processor sharing, as before.
-    ("steps in proportion to cost share the engine as their costs",
-     (("a", 10, 4.0, 4.0), ("b", 4, 1.0, 1.0)), 64, {"a": 44, "b": 14}),
-])
-def test_a_request_stays_in_the_engine_for_its_steps(case, chunks, slots, expected):
-    loads = [Load(batch, count * cost, cost=cost, steps=steps)
-             for batch, count, cost, steps in chunks]
-    held = Held(3, tuple((batch, count * cost) for batch, count, cost, _ in chunks), slots=slots)
-    assert chunk_finish_times(loads, Dispatch(workers=(held,)), 1.0) == \
-        pytest.approx(expected), case
-
-
-def step_engine(chunks, slots: int, threads: int, rate: float) -> dict[str, float]:
-    """An engine run step by step, as the play's reference: a worker holds up to
-    `threads` chunks, taking the next as one closes (its last request ends); its
-    slots admit their requests in order as they free; each step every request in
-    gets one step, and the step takes the work of it (a request's cost over its
-    steps each) over the rate. When each batch's last request ends."""
-    queue, held, waiting, running = list(enumerate(chunks)), Counter(), [], []
-    now, end = 0.0, {}
-    while queue or waiting or running:
-        while len(held) < threads and queue:
-            order, (batch, count, cost, steps) = queue.pop(0)
-            held[order] = count
-            waiting += [[order, batch, cost / steps, steps] for _ in range(count)]
-        while len(running) < slots and waiting:
-            running.append(waiting.pop(0))
-        now += sum(request[2] for request in running) / rate
-        for order, batch, _, steps_left in running:
-            if steps_left < 1.5:
-                held[order] -= 1
-                if not held[order]:
-                    del held[order]
-                    end[batch] = now
-        running = [[*request[:3], request[3] - 1] for request in running if request[3] >= 1.5]
-    return end
-
-
-@pytest.mark.parametrize(("case", "chunks"), [
-    ("short answers after long ones", (("long", 50, *LONG), ("short", 50, *SHORT))),
-    ("long answers after short ones", (("short", 50, *SHORT), ("long", 50, *LONG))),
-    ("turn by turn", (("long", 50, *LONG), ("short", 50, *SHORT)) * 3),
-    ("turn by turn, with answers between",
-     (("long", 50, *LONG), ("mid", 50, 87.0, 17.0), ("short", 50, *SHORT)) * 2),
-])
-def test_the_chunk_play_keeps_to_an_engine_run_step_by_step(case, chunks):
-    """A worker of 64 slots holding 4 chunks at a time, chunks of 50 requests of
-    short answers (8 tokens), long ones (32) and between (16) behind prompts of 70
-    units: each batch's end within 5 % of the step-by-step engine's. Processor
-    sharing in cost units, whose requests each took the engine in proportion to
-    their cost, read the short batch of the first case 16 % late and the long
-    batch of the second 14 % early; so did a chunk's close that did not count the
-    requests of the chunks its worker took after it. (Short answers behind long
-    ones still read 12 % early: the play admits a request once the requests
-    before it are done, first in, first out, where the long ones hold their
-    slots while the short ones beside them come and go.)"""
-    costs = {batch: (cost, steps) for batch, _, cost, steps in chunks}
-    loads = [Load(batch, sum(count * cost for name, count, cost, _ in chunks if name == batch),
-                  cost=cost, steps=steps) for batch, (cost, steps) in costs.items()]
-    work = [(batch, count * cost) for batch, count, cost, _ in chunks]
-    state = Dispatch(workers=(Held(4, tuple(work[:4]), slots=64),), queued=tuple(work[4:]),
-                     window=len(work))
-    played = chunk_finish_times(loads, state, 200.0)
-    assert played == pytest.approx(step_engine(chunks, 64, 4, 200.0), rel=0.05), case
-
-
-def test_a_request_s_steps_are_one_and_its_answer():
-    assert request_steps(4, 40) == 11.0  # its answers so far
-    assert request_steps(4, 40, answer=20.0) == 21.0  # by the limits left
-    assert request_steps(0, 0, prior=15.0) == 16.0  # before any finished
-    assert request_steps(0, 0) is None
 
 
 def test_what_the_engine_did_is_counted_off_only_while_nothing_follows():
