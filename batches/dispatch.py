@@ -28,6 +28,7 @@ them at once.
 from __future__ import annotations
 
 import heapq
+import time
 from collections import deque
 from functools import partial
 
@@ -40,7 +41,7 @@ from batches.deadlines import deadline_shares
 from batches.eta import Load, request_cost
 from batches.locks import lock_control, lock_ids
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, ControlLock, ModelThroughput
-from core.celery import QueueName, inference_queue
+from core.celery import ESTIMATES_SECONDS, QueueName, inference_queue
 from core.publishing import Message, publish, publisher
 from core.transient import retry_transient
 from fleet import selectors as fleet_selectors
@@ -231,3 +232,12 @@ def send_finalize(batch_id: str) -> None:
 
 def send_validate(batch_id: str) -> None:
     publish("batches.validate_batch", (batch_id,), queue=QueueName.CONTROL.value)
+
+
+def send_refresh() -> None:
+    """Ask the control worker to refresh the ETAs now (batches.estimates.
+    estimates_refresh_after), for an event the play cannot foresee: a batch
+    admitted, whose work every other batch shares the model with, or one cancelled.
+    A message the broker holds past its tick is dropped: the tick covers it."""
+    publish("batches.refresh_estimates", (time.time(),), queue=QueueName.CONTROL.value,
+            expires=2 * ESTIMATES_SECONDS)

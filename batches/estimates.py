@@ -43,6 +43,7 @@ lock while waiting for another (docs/architecture.md, "Locks")."""
 from __future__ import annotations
 
 import math
+import threading
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -107,6 +108,7 @@ class Progress:
     short answers of a batch end first)."""
 
     at: datetime | None = None
+    refreshed: float = 0.0  # when the last refresh began, Unix seconds
     workers: dict[str, tuple[str, fleet_selectors.WorkerWork]] = field(default_factory=dict)
     spans: dict[str, deque[tuple[float, float, float, float, float]]] = field(
         default_factory=lambda: defaultdict(deque))
@@ -337,16 +339,43 @@ def play(loads: list[eta.Load], chunks: OpenChunks, measured: ModelThroughput,
     return {batch_id: seconds + delay for batch_id, seconds in played.items()}
 
 
+# The control worker's threads take turns to refresh, the beat's tick and those an
+# event asks for: PROGRESS is the process's memory of the ticks before.
+REFRESHING = threading.Lock()
+
+
 @retry_transient
 def estimates_refresh(now: datetime | None = None) -> int:
-    """Refresh every running batch's estimated_completion_at and at_risk; returns
-    how many rows moved."""
-    now = now or timezone.now()
+    """Refresh every running batch's estimated_completion_at and at_risk, taking in
+    what the workers did since the last refresh (PROGRESS); returns how many rows
+    moved. The beat's tick, every few seconds."""
+    with REFRESHING:
+        return _refresh(now or timezone.now(), observe=True)
+
+
+@retry_transient
+def estimates_refresh_after(event: float) -> int:
+    """Refresh for what the play cannot foresee, a batch admitted or cancelled at
+    `event` (Unix seconds), unless a refresh began after it: a burst of admissions
+    costs a refresh or two, not one each. Without it every other batch's ETA, and
+    the new batch's own, waited up to a tick. It plays the tick's measurements
+    again, without taking in the workers' figures (the intervals the rate and the
+    prompt fit learn from stay the tick's), but in a process that has not measured
+    yet. A publisher's clock ahead of this one's costs a refresh more, one behind
+    it at worst leaves the event to the next tick."""
+    with REFRESHING:
+        if PROGRESS.refreshed >= event:
+            return 0
+        return _refresh(timezone.now(), observe=PROGRESS.at is None)
+
+
+def _refresh(now: datetime, *, observe: bool) -> int:
     batches = {row[0]: row for row in Batch.objects.filter(status=BatchStatus.IN_PROGRESS)
                .values_list(*COLUMNS)}
     histories = {model: answer_history(model) for model in {row[11] for row in batches.values()}}
     work = fleet_selectors.live_worker_work()
-    PROGRESS.observe(now, work)
+    if observe:
+        PROGRESS.observe(now, work)
     finish: dict[str, float | None] = {}
     risky: set[str] = set()
     stored = {row.model: row for row in ModelThroughput.objects.all()}
@@ -381,6 +410,7 @@ def estimates_refresh(now: datetime | None = None) -> int:
                     MOVED, (estimate - now) * MOVED_FRACTION)):
             moved += Batch.objects.filter(id=batch_id, status=BatchStatus.IN_PROGRESS).update(
                 estimated_completion_at=estimate, at_risk=batch_id in risky)
+    PROGRESS.refreshed = now.timestamp()  # once done: one that failed saw nothing
     return moved
 
 

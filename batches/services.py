@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from batches import intake, quotas
 from batches.chunks import OPEN_CHUNKS, batches_without_open_chunks, chunks_skip_queued
-from batches.dispatch import dispatch, send_validate, starting_pass
+from batches.dispatch import dispatch, send_refresh, send_validate, starting_pass
 from batches.estimates import admission_eta, requests_estimate
 from batches.locks import lock_control
 from batches.models import (
@@ -306,6 +306,9 @@ def _admit(*, batch_id: str, report: ValidationReport) -> None:
         # robust: the admission is committed; a dispatch that fails now is covered by
         # the control worker's tick, and must not fail (and retry) the validation.
         transaction.on_commit(dispatch, robust=True)
+        # Every batch of its model shares the model with it from now: their ETAs and
+        # its own, now rather than at the next tick.
+        transaction.on_commit(send_refresh, robust=True)
     return batch_get(batch_id=batch_id)
 
 
@@ -354,6 +357,7 @@ def batch_cancel(*, batch_id: str) -> Batch:
         return batch_cancel(batch_id=batch_id)  # it moved meanwhile: decide again
     chunks_skip_queued(batch_id=batch_id)
     batch_settle(batch_id=batch_id)
+    transaction.on_commit(send_refresh, robust=True)  # its share goes to the others
     return batch_get(batch_id=batch_id)
 
 

@@ -43,10 +43,13 @@ def dispatch_chunks() -> int:
 
 
 # A handful of queries plus a row per moved estimate (batches/estimates.py); a
-# refresh not run within its interval is covered by the next.
+# refresh not run within its interval is covered by the next. The beat's tick
+# without arguments; with one, an admission's or a cancel's (dispatch.send_refresh).
 @shared_task(name="batches.refresh_estimates", time_limit=60, expires=10)
-def refresh_estimates() -> int:
-    return estimates.estimates_refresh()
+def refresh_estimates(after: float | None = None) -> int:
+    if after is None:
+        return estimates.estimates_refresh()
+    return estimates.estimates_refresh_after(after)
 
 
 @shared_task(name="batches.watch_models", time_limit=60)

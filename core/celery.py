@@ -76,14 +76,15 @@ app.conf.task_routes = {
     "residency.*": {"queue": QueueName.CONTROL.value},
 }
 WEBHOOK_SWEEP_SECONDS = value("BATCHGEN_WEBHOOK_SWEEP_SECONDS")
+ESTIMATES_SECONDS = 5.0  # the ETAs' refresh tick (batches/estimates.py)
 app.conf.beat_schedule = {
     # Chunks are dispatched as workers free up; this tick only covers lost events.
     "dispatch-chunks": {"task": "batches.dispatch_chunks", "schedule": 1.0},
     "expire-batches": {"task": "batches.expire_batches", "schedule": 60.0},
     "recover-chunks": {"task": "batches.recover_chunks", "schedule": 15.0},
     # Each running batch's ETA and at_risk, cached on its row (batches/estimates.py).
-    "refresh-estimates": {"task": "batches.refresh_estimates", "schedule": 5.0,
-                          "options": {"expires": 10}},
+    "refresh-estimates": {"task": "batches.refresh_estimates", "schedule": ESTIMATES_SECONDS,
+                          "options": {"expires": 2 * ESTIMATES_SECONDS}},
     # Running batches waiting for a model that no ready worker holds: said on the
     # batch, failed after BATCHGEN_MODEL_UNAVAILABLE_SECONDS (batches/availability.py).
     # Two reads a tick while every model runs.

@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from batches import chunks, dispatch, estimates
+from batches import chunks, dispatch, estimates, services
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, ModelThroughput
 from fleet import selectors as fleet_selectors
 from fleet.models import Worker
@@ -175,6 +175,65 @@ def test_a_refresh_that_moves_nothing_writes_nothing(running_batch, django_asser
     assert estimates.estimates_refresh(now) == 1
 
     assert estimates.estimates_refresh(now) == 0
+
+
+
+def refreshes_asked(published) -> list[float]:
+    """When each refresh that dispatch.send_refresh asked for was asked (the
+    beat's ticks publish none)."""
+    return [args[0] for name, args in published if name == "batches.refresh_estimates"]
+
+
+def test_an_admission_refreshes_the_etas_at_once_and_a_burst_costs_one_refresh(
+        running_batch, published):
+    """A batch admitted shares its model with the others from then on: it asks the
+    control worker for a refresh after its commit, which gives it its ETA and the
+    others theirs at once rather than at the next tick. A refresh begun after an
+    event covers it, and the event's plays the tick's measurements again without
+    taking in the workers' figures."""
+    model = served_model().id
+    live_workers(1, model)
+    first = running_batch(10, chunk_size=2)
+    now = timezone.now()
+    finish(first, range(1), workers=["w0"], started=now - timedelta(seconds=5), seconds=2)
+    assert estimates.estimates_refresh() == 1  # the tick
+    measured, rate = estimates.PROGRESS.at, ModelThroughput.objects.get(model=model).rate
+    [admitted_first] = refreshes_asked(published)
+
+    second = running_batch(10, chunk_size=2)
+
+    admitted_first_again, admitted_second = refreshes_asked(published)
+    assert admitted_first_again == admitted_first < admitted_second
+    assert Batch.objects.get(id=second.id).estimated_completion_at is None  # until a tick
+    assert estimates.estimates_refresh_after(admitted_first) == 0  # the tick began after
+    assert estimates.estimates_refresh_after(admitted_second) == 1
+    # 8 requests of the first and 10 of the second at 1 a second on one worker.
+    assert eta_of(second, timezone.now()) == pytest.approx(18, abs=0.5)
+    assert estimates.estimates_refresh_after(admitted_second) == 0  # a burst: one
+    assert estimates.PROGRESS.at == measured  # the tick's figures, played again
+    assert ModelThroughput.objects.get(model=model).rate == pytest.approx(rate)
+
+
+def test_a_cancel_asks_for_a_refresh_which_measures_in_a_process_that_never_has(
+        running_batch, published, django_capture_on_commit_callbacks):
+    """A cancelled batch's share goes to the others: it asks for a refresh too. A
+    control worker that has not refreshed on a tick yet (just started) measures
+    in it, as the tick would."""
+    model = served_model().id
+    live_workers(1, model)
+    kept, cancelled = running_batch(10, chunk_size=2), running_batch(10, chunk_size=2)
+    finish(kept, range(1), workers=["w0"], started=timezone.now() - timedelta(seconds=5),
+           seconds=2)
+    asked = len(refreshes_asked(published))
+
+    with django_capture_on_commit_callbacks(execute=True):
+        services.batch_cancel(batch_id=cancelled.id)
+
+    assert len(refreshes_asked(published)) == asked + 1
+    assert estimates.PROGRESS.at is None
+    assert estimates.estimates_refresh_after(refreshes_asked(published)[-1]) == 1
+    assert estimates.PROGRESS.at is not None
+    assert eta_of(kept, timezone.now()) == pytest.approx(8, abs=0.5)
 
 
 @pytest.mark.django_db(transaction=True)
