@@ -444,17 +444,14 @@ def load_of(row: tuple, requests: int, measured: ModelThroughput | None,
     prompt_weight = measured.prompt_weight if measured else 0.0
     fallback = (1.0 + prior + prompt_weight * eta.prompt_prior(history) if prior is not None
                 else measured.cost_per_request if measured else 1.0)
-    done, left = completed + failed, row[15] - completed - failed
-    answer = eta.left_output(done, left, tokens, row[16], row[10])
+    done = completed + failed
     cost = eta.request_cost(done, tokens, fallback, row[13] - row[14], prompt_weight,
-                            answer=answer)
-    if answer is None:
-        answer = tokens / done if done > 0 else prior
-    limit = max(row[10] * row[15] - row[16], 0.0) / left if row[10] and left > 0 else None
+                            answer=eta.left_output(done, row[15] - done, tokens, row[16],
+                                                   row[10]))
     return eta.Load(batch_id=batch_id, remaining=requests * cost, priority=priority,
                     owner=owner_id, weight=weight, chunk=settings.BATCHGEN_CHUNK_SIZE * cost,
-                    cost=cost, time_left=(expires_at - now).total_seconds(),
-                    answer=answer or 0.0, answer_limit=limit)
+                    cost=cost,
+                    time_left=(expires_at - now).total_seconds())
 
 
 def at_risk_count() -> int:

@@ -33,7 +33,6 @@ deadline policy (batches/deadlines.py) when dispatch applies it.
 from __future__ import annotations
 
 import bisect
-import functools
 import heapq
 import math
 from collections import Counter, deque
@@ -59,11 +58,6 @@ class Load:
     # moves its pass), so a batch's part of the model's cost units is its share
     # times its cost per request: long answers take more of the workers' time.
     cost: float = 1.0
-    # Output tokens each of its requests left is expected to answer, and their mean
-    # output limit (max_tokens; None: no limit): how far its answers spread, which
-    # sets how long a chunk's last requests outlast its mean one (last_wave).
-    answer: float = 0.0
-    answer_limit: float | None = None
 
 
 ShareFunction = Callable[[Sequence[Load]], dict[str, float]]
@@ -204,41 +198,6 @@ def left_output(done: int, left: int, tokens: int, limit_done: int,
         return None
     limits_left = max(limit_mean * (done + left) - limit_done, 0.0)
     return tokens / limit_done * limits_left / left
-
-
-@functools.lru_cache(maxsize=4096)
-def _last_wave(answer: float, limit: float, slots: int, requests: int) -> float:
-    upper = min(limit, 2 * answer)
-    lower, step, points = 2 * answer - upper, answer / slots, 64
-    low = lower - (requests - 1) * step
-    width = (upper - low) / points
-    total = 0.0
-    for j in range(points):
-        x = low + (j + 0.5) * width
-        below = 1.0
-        for i in range(requests):
-            below *= min(max((x + i * step - lower) / (upper - lower), 0.0), 1.0)
-        total += (1.0 - below) * width
-    return max(low + total - answer, 0.0)
-
-
-def last_wave(answer: float, limit: float | None, slots: int, requests: float) -> float:
-    """Output tokens by which a chunk's last request to end outlasts its mean one
-    (`answer` tokens), on a worker of `slots` kept full. A chunk closes when the
-    longest of its last requests ends: they were admitted one after another, a
-    slot's turn apart (answer / slots), and the last admitted ends a mean answer
-    later only if the ones before it, of other lengths, ended sooner. The answers
-    are taken as spread evenly over [2 answer - upper, upper], upper the limit or
-    twice the mean if that is less: answers that fill their limits do not spread
-    (0), answers that stop well short of them spread as wide as their mean.
-    E[max over the last k of (length - its admission's lead)] - answer, k the
-    chunk's requests up to the slots. Answers 8-300 tokens long on 12 slots closed
-    their chunks 80 tokens after the mean play, which this says to a token
-    (docs/benchmarks.md, "A chunk's last wave")."""
-    count = min(int(math.ceil(requests - 1e-9)), slots)
-    if limit is None or answer <= 0 or limit <= answer or count <= 1:
-        return 0.0
-    return _last_wave(round(answer, 1), round(limit, 1), slots, count)
 
 
 def answer_prior(history: Sequence[tuple[float, float, int]], limit: float | None) -> float | None:
@@ -489,16 +448,14 @@ class _Stream:
             i += 1
         return total
 
-    def close(self, end: float, requests: float, cost: float, now: float,
-              tail: float = 0.0) -> float:
+    def close(self, end: float, requests: float, cost: float, now: float) -> float:
         """When the chunk of `requests` of `cost` each that ends at position `end`,
         added at `now`, closes: when its last request ends. Requests found in the
         engine at the start count whole but for what the worker says its engine
         did of them where nothing follows them (`lead`, in seconds, from
         _ChunkPlay.counted_off), not a guess: a chunk's last requests are its
         longest, and taking them as half through read the tails of chunks early on
-        the real engine. `tail`: the cost units by which its last request to end
-        outlasts its mean one (last_wave), each as long as the request's own."""
+        the real engine."""
         if requests <= 0:
             return now
         done = self.done_at(now)
@@ -506,8 +463,7 @@ class _Stream:
         limit = (self.slots - 1) * cost
         shared = self.beside(max(end - self.slots, done), end - 1, cost, limit)
         shared += self.beside(end, self.position, cost, limit - shared)
-        engine = (cost + min(shared, limit)) / self.rate
-        return max(admitted, now) + engine * (1.0 + tail / cost)
+        return max(admitted, now) + (cost + min(shared, limit)) / self.rate
 
 
 class _ChunkPlay:
@@ -569,11 +525,8 @@ class _ChunkPlay:
         """When the chunks taken at this instant close, worked out once all of them
         are in (they share their worker's engine)."""
         for worker, batch, work, end in self.taken:
-            cost, stream = self.cost(batch), self.streams[worker]
-            load = self.loads.get(batch)
-            tail = last_wave(load.answer, load.answer_limit, stream.slots,
-                             work / cost) if load else 0.0
-            when = stream.close(end, work / cost, cost, self.now, tail)
+            cost = self.cost(batch)
+            when = self.streams[worker].close(end, work / cost, cost, self.now)
             self.order += 1
             heapq.heappush(self.closes, (when, self.order, worker, batch, work))
         self.taken.clear()

@@ -3,9 +3,6 @@ their own: pure functions, a table of cases each."""
 
 from __future__ import annotations
 
-import heapq
-import random
-import statistics
 from collections import Counter
 
 import pytest
@@ -23,7 +20,6 @@ from batches.eta import (
     fair_finish_times,
     fair_shares,
     finish_times,
-    last_wave,
     left_output,
     measured_rate,
     service_rate,
@@ -341,50 +337,6 @@ def test_a_worker_runs_its_chunks_requests_side_by_side_in_its_slots(case, held,
              for batch, cost in costs.items()]
     finish = chunk_finish_times(loads, Dispatch(workers=(held,)), 1.0)
     assert finish == pytest.approx(expected), case
-
-
-@pytest.mark.parametrize(("answer", "limit", "slots", "requests", "expected"), [
-    (150.0, 150.0, 12, 50, 0.0),  # answers that fill their limits do not spread
-    (150.0, None, 12, 50, 0.0),  # nothing bounds them: nothing said
-    (150.0, 300.0, 1, 50, 0.0),  # one slot: the last admitted is the last to end
-    (150.0, 300.0, 12, 1, 0.0),  # a chunk of one request
-    # answers spread over 0-300 on 12 slots: the longest of the last twelve
-    (150.0, 300.0, 12, 50, 83.6),
-    (150.0, 1000.0, 12, 50, 83.6),  # a limit far above: as wide as their mean
-    (150.0, 200.0, 12, 50, 16.1),  # 100-200: a narrower spread
-])
-def test_a_chunk_s_last_wave_outlasts_its_mean_request_by_the_answers_spread(
-        answer, limit, slots, requests, expected):
-    assert last_wave(answer, limit, slots, requests) == pytest.approx(expected, abs=0.1)
-
-
-def test_a_chunk_closes_when_its_longest_last_request_ends_as_a_reference_engine_says():
-    """A reference engine: 12 slots that each run a request at a token a second and
-    take the next as they free, 80 chunks of 50 requests of answers 0-300 tokens.
-    At readings while it runs, the play (the requests done counted off, those in the
-    engine counted whole) closes the chunk in the engine and the three after it: with
-    the last wave its mean error is a few tokens (-5 to +8 over six seeds); without,
-    it is early by a good part of an answer (73-86 tokens)."""
-    rng = random.Random(7)
-    lengths = [rng.randint(0, 300) for _ in range(4000)]
-    slots, ends = [0.0] * 12, []
-    for length in lengths:
-        start = heapq.heappop(slots)
-        ends.append(start + length)
-        heapq.heappush(slots, start + length)
-    mean = statistics.mean(lengths)
-    errors: dict[bool, list[float]] = {True: [], False: []}
-    for reading in range(1000, 48000, 250):
-        done = sum(end <= reading for end in ends)
-        for chunk in range(done // 50, min(done // 50 + 4, 80)):
-            held = Held(1, (("c", ((chunk + 1) * 50 - done) * mean),), slots=12)
-            for spread in errors:
-                load = Load("c", held.chunks[0][1], cost=mean, answer=mean,
-                            answer_limit=300.0 if spread else None)
-                close = chunk_finish_times([load], Dispatch(workers=(held,)), 12.0)["c"]
-                errors[spread].append(reading + close - max(ends[chunk * 50:(chunk + 1) * 50]))
-    assert abs(statistics.mean(errors[True])) < 15
-    assert statistics.mean(errors[False]) < -60
 
 
 def test_what_the_engine_did_is_counted_off_only_while_nothing_follows():

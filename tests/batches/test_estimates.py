@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from batches import chunks, dispatch, estimates, eta, services
+from batches import chunks, dispatch, estimates, services
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, ModelThroughput
 from fleet import selectors as fleet_selectors
 from fleet.models import Worker
@@ -293,14 +293,6 @@ def test_refreshes_beside_several_workers_flushing_and_dispatching_never_deadloc
 
 
 @pytest.fixture
-def costs_alone(monkeypatch):
-    """The cost of the work left alone: how long a chunk's last requests outlast its
-    mean one (eta.last_wave, tested on its own in test_deadlines) left out, so the
-    ETA is the work over the rate."""
-    monkeypatch.setattr(eta, "last_wave", lambda *args: 0.0)
-
-
-@pytest.fixture
 def one_request_a_second(settings):
     model = served_model().id
     live_workers(1, model)
@@ -449,7 +441,6 @@ def test_the_refresh_task_through_a_database_outage_warns_once_and_resumes(
     (400, 10 * (1 + 400 * 0.5) / 10),  # long ones, as the batch of limit 400 gave
     (None, 10 * 101 / 10),  # no limit on its lines: the model's mean cost
 ])
-@pytest.mark.usefixtures("costs_alone")
 def test_a_batch_before_any_answer_is_estimated_by_its_max_tokens(running_batch, limit,
                                                                   seconds):
     """Before any of its requests finished, a batch's answers are taken to be as long
@@ -477,7 +468,6 @@ def test_a_batch_before_any_answer_is_estimated_by_its_max_tokens(running_batch,
     (True, 10 * (1 + (8 + 0.5 * (60 - 20)) / 2) / 10),  # its own: cached tokens left out
     (False, 10 * (1 + 20 * 0.5 + 0.5 * 30) / 10),  # as the model's finished batch took
 ])
-@pytest.mark.usefixtures("costs_alone")
 def test_a_batch_s_prompt_tokens_cost_at_the_model_s_prompt_weight(running_batch, answered,
                                                                    seconds):
     """A request costs its output tokens plus its computed prompt tokens at the
@@ -502,7 +492,6 @@ def test_a_batch_s_prompt_tokens_cost_at_the_model_s_prompt_weight(running_batch
     assert eta_of(batch, now) == pytest.approx(seconds)
 
 
-@pytest.mark.usefixtures("costs_alone")
 def test_a_model_never_fitted_costs_prompts_as_its_engines_steps_tell(running_batch):
     """Before the intervals' fit tells a prompt token's worth, and with none stored,
     the model's live workers' engines tell it from their steps
@@ -553,7 +542,6 @@ def test_a_prompt_token_s_worth_is_the_fit_then_the_stored_then_the_engines(
     (4 * 16, 6 * (1 + 8) / 10),  # done ones of the mean limit: the mean so far
     (0, 6 * (1 + 8) / 10),  # no limits counted: the mean so far
 ])
-@pytest.mark.usefixtures("costs_alone")
 def test_a_running_batch_s_requests_left_are_costed_by_their_limits(running_batch,
                                                                     limit_done, seconds):
     """A batch of max_tokens 8 to 24 whose 4 short ones are done (answered to their
