@@ -237,7 +237,8 @@ def send_validate(batch_id: str) -> None:
 def send_refresh() -> None:
     """Ask the control worker to refresh the ETAs now (batches.estimates.
     estimates_refresh_after), for an event the play cannot foresee: a batch
-    admitted, whose work every other batch shares the model with, or one cancelled.
-    A message the broker holds past its tick is dropped: the tick covers it."""
+    admitted, whose work every other batch shares the model with, or one cancelled
+    or expired, whose share goes back to them. A message the broker holds past its
+    tick is dropped: the tick covers it."""
     publish("batches.refresh_estimates", (time.time(),), queue=QueueName.CONTROL.value,
             expires=2 * ESTIMATES_SECONDS)

@@ -355,10 +355,10 @@ def estimates_refresh(now: datetime | None = None) -> int:
 
 @retry_transient
 def estimates_refresh_after(event: float) -> int:
-    """Refresh for what the play cannot foresee, a batch admitted or cancelled at
-    `event` (Unix seconds), unless a refresh began after it: a burst of admissions
-    costs about one refresh per refresh's time, not one each. Without it every
-    other batch's ETA, and the new batch's own, waited up to a tick. It plays the
+    """Refresh for what the play cannot foresee, a batch admitted, cancelled or
+    expired at `event` (Unix seconds), unless a refresh began after it: a burst of
+    admissions costs about one refresh per refresh's time, not one each. Without it
+    every other batch's ETA, and the new batch's own, waited up to a tick. It plays the
     tick's measurements again, without taking in the workers' figures (the
     intervals the rate and the prompt fit learn from stay the tick's), but in a
     process that has not measured yet. A publisher's clock ahead of this one's

@@ -478,6 +478,8 @@ def batches_expire() -> int:
                       message=f"The batch did not finish within its {window} completion "
                               "window; the results written so far are kept."):
             expired += 1
+    if expired:
+        transaction.on_commit(send_refresh, robust=True)  # their shares go to the others
     return expired
 
 

@@ -236,6 +236,31 @@ def test_a_cancel_asks_for_a_refresh_which_measures_in_a_process_that_never_has(
     assert eta_of(kept, timezone.now()) == pytest.approx(8, abs=0.5)
 
 
+def test_batches_that_expire_ask_for_one_refresh_and_leave_the_others_eta_at_once(
+        running_batch, published, django_capture_on_commit_callbacks):
+    """Two batches past their windows fail together: their shares go to the batch
+    left, which asks for one refresh, not one each (none while nothing expired)."""
+    model = served_model().id
+    live_workers(1, model)
+    kept = running_batch(10, chunk_size=2)
+    late = [running_batch(10, chunk_size=2) for _ in range(2)]
+    now = timezone.now()
+    measured_at(now, model, rate=1)
+    estimates.estimates_refresh(now)
+    before = eta_of(kept, now)
+    Batch.objects.filter(id__in=[batch.id for batch in late]).update(
+        expires_at=now - timedelta(seconds=1))
+    asked = len(refreshes_asked(published))
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert services.batches_expire() == 2
+        assert services.batches_expire() == 0
+
+    assert len(refreshes_asked(published)) == asked + 1
+    assert estimates.estimates_refresh_after(refreshes_asked(published)[-1]) >= 1
+    assert eta_of(kept, now) < before
+
+
 @pytest.mark.django_db(transaction=True)
 def test_refreshes_beside_several_workers_flushing_and_dispatching_never_deadlock(
         upload, published, settings):
