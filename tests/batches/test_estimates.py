@@ -242,8 +242,8 @@ def test_batches_that_expire_ask_for_one_refresh_and_leave_the_others_eta_at_onc
     left, which asks for one refresh, not one each (none while nothing expired)."""
     model = served_model().id
     live_workers(1, model)
+    late = [running_batch(10, chunk_size=2) for _ in range(2)]  # ahead in the window
     kept = running_batch(10, chunk_size=2)
-    late = [running_batch(10, chunk_size=2) for _ in range(2)]
     now = timezone.now()
     measured_at(now, model, rate=1)
     estimates.estimates_refresh(now)
