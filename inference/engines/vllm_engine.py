@@ -198,6 +198,11 @@ class VllmEngine(Engine):
         # spawn it; vLLM's CPU platform forces spawn anyway.
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        # vLLM logs to sys.stdout, which the Celery worker has redirected to its
+        # `celery.redirected` logger at WARNING: each of vLLM's lines, its stats line
+        # every 10 s among them, would be counted as a warning of ours. The process's
+        # own standard output keeps them at the levels vLLM gives them.
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.__stdout__")
 
         # Blocks this loop until the engine core is up; nothing else runs on the engine
         # loop before start() returns. The scheduler's figures after every step, for

@@ -177,11 +177,16 @@ def _engine_core_errors(vllm_config: Any) -> Iterator[Any]:
     if not logging_config.configure_logging or logging_config.pylogging_config_file:
         yield lambda: None
         return
+    from vllm import envs
     from vllm.logger import DEFAULT_LOGGING_CONFIG
 
     folder = tempfile.mkdtemp(prefix="batchgen-vllm-start-")
     errors = os.path.join(folder, "engine-core-errors.log")
     config = copy.deepcopy(DEFAULT_LOGGING_CONFIG)
+    # Its stream as the environment says now (VLLM_LOGGING_STREAM, which
+    # VllmEngine.start sets), not as it said when vllm.logger was imported; vLLM
+    # refreshes it so when it applies its own default configuration.
+    config["handlers"]["vllm"]["stream"] = envs.VLLM_LOGGING_STREAM
     config["formatters"]["batchgen_plain"] = {"format": "%(message)s"}
     config["handlers"]["batchgen_errors"] = {
         "class": "logging.FileHandler", "filename": errors, "level": "ERROR",

@@ -289,3 +289,15 @@ def test_real_engine_responses_batch(vllm_server):
         assert text == chat[f"same-{i}"]["response"]["body"]["choices"][0]["message"][
             "content"]
         assert text.strip()
+
+
+def test_vllm_lines_keep_their_levels_in_the_worker_log(vllm_server):
+    """vLLM's own lines (its engine's start, its stats) reach the log at the levels
+    vLLM gives them, not as WARNINGs of the Celery worker's redirected standard output,
+    which would make every healthy run's log read as one of warnings."""
+    server, _ = vllm_server
+    lines = server.log_path.read_text(errors="replace").splitlines()
+    assert any("Resolved architecture" in line and " INFO " in line for line in lines), \
+        server.log()
+    redirected = [line for line in lines if "celery.redirected" in line]
+    assert not redirected, redirected[:5]
