@@ -445,12 +445,12 @@ def load_of(row: tuple, requests: int, measured: ModelThroughput | None,
     fallback = (1.0 + prior + prompt_weight * eta.prompt_prior(history) if prior is not None
                 else measured.cost_per_request if measured else 1.0)
     done = completed + failed
+    answer = eta.left_output(done, row[15] - done, tokens, row[16], row[10])
     cost = eta.request_cost(done, tokens, fallback, row[13] - row[14], prompt_weight,
-                            answer=eta.left_output(done, row[15] - done, tokens, row[16],
-                                                   row[10]))
+                            answer=answer)
     return eta.Load(batch_id=batch_id, remaining=requests * cost, priority=priority,
                     owner=owner_id, weight=weight, chunk=settings.BATCHGEN_CHUNK_SIZE * cost,
-                    cost=cost,
+                    cost=cost, steps=eta.request_steps(done, tokens, prior, answer),
                     time_left=(expires_at - now).total_seconds())
 
 

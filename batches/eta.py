@@ -9,8 +9,8 @@ Pure, no database. Two plays of the scheduler (batches/dispatch.py):
   it claimed them, as many at once as its slots, at one worker's rate
   (batches/estimates.py measures it). It sees what a split of the rate cannot: a
   chunk keeps its worker, a small batch's chunk waits for the window and the
-  chunks ahead of it, and on a worker with many slots a cheap chunk ends before the
-  dear ones beside it.
+  chunks ahead of it, and on a worker with many slots a chunk of short answers ends
+  before the long ones beside it, as the engine gives each request a token a step.
 - `finish_times` and `fair_finish_times`, the fluid view the deadline policy plans
   with (batches/deadlines.py) and benchmarks/eta_model.py checks it by: stride
   scheduling over many chunks is a fluid split of the model's throughput in
@@ -58,6 +58,12 @@ class Load:
     # moves its pass), so a batch's part of the model's cost units is its share
     # times its cost per request: long answers take more of the workers' time.
     cost: float = 1.0
+    # The steps one of its requests stays in an engine's slots for: one plus its
+    # output tokens, for an engine that gives every request in it a token a step (vLLM;
+    # the simulated engine's requests each at their own pace). None: as many as its
+    # cost units (processor sharing, each request taking as much of the engine as it
+    # costs).
+    steps: float | None = None
 
 
 ShareFunction = Callable[[Sequence[Load]], dict[str, float]]
@@ -180,6 +186,17 @@ def request_cost(done: int, output_tokens: int, fallback: float = 1.0, prompt_to
         return fallback
     output = output_tokens / done if answer is None else answer
     return 1.0 + output + prompt_weight * prompt_tokens / done
+
+
+def request_steps(done: int, output_tokens: int, prior: float | None = None,
+                  answer: float | None = None) -> float | None:
+    """The steps one request of a batch stays in an engine's slots for (Load.steps):
+    one plus the output tokens request_cost counts for it (its answers so far, or
+    `answer`, left_output's); before any finished, one plus the answer prior
+    (`prior`); None without either."""
+    if done <= 0:
+        return None if prior is None else 1.0 + prior
+    return 1.0 + (output_tokens / done if answer is None else answer)
 
 
 def left_output(done: int, left: int, tokens: int, limit_done: int,
@@ -380,25 +397,28 @@ class _Stream:
     """One worker's requests in the order its slots admit them (its chunks' claim
     order: inference/slots.py), as positions in a stream done at the worker's rate,
     first in, first out. Each chunk is a segment: its first position, when the
-    stream starts on it and its cost a request; `ends` and `times` are where and
-    when each segment ends.
+    stream starts on it, its cost a request and its steps a request (Load.steps);
+    `ends` and `times` are where and when each segment ends.
 
     A chunk's last request is admitted once the stream has done all but the
-    requests the slots hold with it, and shares the engine with them, each taking
-    as much of it as the request does (processor sharing): so it ends after its own
-    cost plus, from each of the requests beside it (before it, still in the engine,
-    and after it, filling the slots that free), as much as its cost, at most the
-    slots' worth (`close`). With one slot that is the stream reaching the chunk's
-    end; with many, a cheap chunk behind dear ones ends before them and a dear
-    chunk after the cheap ones beside it, as on an engine that runs them side by
-    side."""
+    requests the slots hold with it, and shares the engine with them step by step:
+    each step gives every request in it one step, each doing its cost over its
+    steps. So it stays for its own steps, and each request beside it (before it,
+    still in the engine, and after it, filling the slots that free) shares as many
+    of them as it has itself, doing that much of its cost, until the other slots
+    are filled for all of its steps (`close`). With one slot that is the stream
+    reaching the chunk's end; with many, a short answer behind long ones ends
+    before them, however dear its prompt, and a long answer stays while the short
+    ones beside it come and go, as vLLM runs them. Where every request's steps are
+    its cost units this is processor sharing."""
 
     def __init__(self, slots: int, rate: float, done: float = 0.0) -> None:
         self.slots, self.rate = max(slots, 1), rate
         # Seconds ahead: the engine did `done` cost units of the requests in it now
         # (Held.done), so the stream's first segment started that long before now.
         self.lead = done / rate if rate > 0 else 0.0
-        self.segments: list[tuple[float, float, float]] = []  # (first position, start, cost)
+        # (first position, start, cost, steps) of each chunk
+        self.segments: list[tuple[float, float, float, float]] = []
         self.ends: list[float] = []
         self.times: list[float] = []
         self.head = 0  # the segments before it were done before now
@@ -407,11 +427,12 @@ class _Stream:
     def position(self) -> float:
         return self.ends[-1] if self.ends else 0.0
 
-    def add(self, requests: float, cost: float, at: float) -> float:
-        """Append a chunk of `requests` of `cost` each at time `at`; its end position."""
+    def add(self, requests: float, cost: float, at: float, steps: float | None = None) -> float:
+        """Append a chunk of `requests` of `cost` and `steps` (None: its cost) each at
+        time `at`; its end position."""
         start = max(self.times[-1], at) if self.times else at - (self.lead if at <= 0 else 0.0)
         self.lead = 0.0  # the requests in the engine at the start only
-        self.segments.append((self.position, start, cost))
+        self.segments.append((self.position, start, cost, steps or cost))
         self.ends.append(self.position + requests)
         self.times.append(start + requests * cost / self.rate)
         return self.ends[-1]
@@ -426,7 +447,7 @@ class _Stream:
             self.head = 0
         if self.head == len(self.times):
             return self.position
-        first, start, cost = self.segments[self.head]
+        first, start, cost, _ = self.segments[self.head]
         return first if when <= start else first + (when - start) * self.rate / cost
 
     def reached(self, position: float) -> float:
@@ -434,36 +455,43 @@ class _Stream:
         i = bisect.bisect_left(self.ends, position, lo=self.head)
         if i == len(self.ends):
             return self.times[-1]
-        first, start, cost = self.segments[i]
+        first, start, cost, _ = self.segments[i]
         return start + max(position - first, 0.0) * cost / self.rate
 
-    def beside(self, low: float, high: float, cost: float, limit: float) -> float:
-        """Cost units of the requests at positions (low, high], each counted up to
-        `cost`, summed until past `limit`."""
-        total = 0.0
+    def beside(self, low: float, high: float, steps: float, limit: float
+               ) -> tuple[float, float]:
+        """(cost units, slot-steps) of the requests at positions (low, high] beside
+        one of `steps` steps: each shares the lesser of its steps and `steps` with it,
+        doing its cost over its steps in each, until `limit` slot-steps are filled."""
+        work = used = 0.0
         i = bisect.bisect_right(self.ends, low, lo=self.head)
-        while i < len(self.ends) and total < limit and self.segments[i][0] < high:
-            first, _, each = self.segments[i]
-            total += (min(high, self.ends[i]) - max(low, first)) * min(each, cost)
+        while i < len(self.ends) and used < limit and self.segments[i][0] < high:
+            first, _, cost, each = self.segments[i]
+            shared = min(each, steps)
+            count = min(min(high, self.ends[i]) - max(low, first), (limit - used) / shared)
+            used += count * shared
+            work += count * shared * cost / each
             i += 1
-        return total
+        return work, used
 
-    def close(self, end: float, requests: float, cost: float, now: float) -> float:
-        """When the chunk of `requests` of `cost` each that ends at position `end`,
-        added at `now`, closes: when its last request ends. Requests found in the
-        engine at the start count whole but for what the worker says its engine
-        did of them where nothing follows them (`lead`, in seconds, from
-        _ChunkPlay.counted_off), not a guess: a chunk's last requests are its
-        longest, and taking them as half through read the tails of chunks early on
-        the real engine."""
+    def close(self, end: float, requests: float, cost: float, now: float,
+              steps: float | None = None) -> float:
+        """When the chunk of `requests` of `cost` and `steps` (None: its cost) each
+        that ends at position `end`, added at `now`, closes: when its last request
+        ends. Requests found in the engine at the start count whole but for what the
+        worker says its engine did of them where nothing follows them (`lead`, in
+        seconds, from _ChunkPlay.counted_off), not a guess: a chunk's last requests
+        are its longest, and taking them as half through read the tails of chunks
+        early on the real engine."""
         if requests <= 0:
             return now
+        steps = steps or cost
         done = self.done_at(now)
         admitted = now if end - self.slots <= done else self.reached(end - self.slots)
-        limit = (self.slots - 1) * cost
-        shared = self.beside(max(end - self.slots, done), end - 1, cost, limit)
-        shared += self.beside(end, self.position, cost, limit - shared)
-        return max(admitted, now) + (cost + min(shared, limit)) / self.rate
+        limit = (self.slots - 1) * steps
+        before, used = self.beside(max(end - self.slots, done), end - 1, steps, limit)
+        after, _ = self.beside(end, self.position, steps, limit - used)
+        return max(admitted, now) + (cost + before + after) / self.rate
 
 
 class _ChunkPlay:
@@ -499,6 +527,9 @@ class _ChunkPlay:
     def cost(self, batch: str) -> float:
         return self.loads[batch].cost if batch in self.loads else 1.0
 
+    def steps(self, batch: str) -> float | None:
+        return self.loads[batch].steps if batch in self.loads else None
+
     def counted_off(self, held: Held) -> float:
         """What `held`'s engine did of the requests in it (Held.done), counted off its
         stream only while no request follows them: none waits for its slots, none is
@@ -517,7 +548,8 @@ class _ChunkPlay:
 
     def hold(self, worker: int, batch: str, work: float) -> None:
         """`worker` holds a chunk from now: its requests join the worker's stream."""
-        end = self.streams[worker].add(work / self.cost(batch), self.cost(batch), self.now)
+        end = self.streams[worker].add(work / self.cost(batch), self.cost(batch), self.now,
+                                       self.steps(batch))
         self.holding[worker] += 1
         self.taken.append((worker, batch, work, end))
 
@@ -526,7 +558,8 @@ class _ChunkPlay:
         are in (they share their worker's engine)."""
         for worker, batch, work, end in self.taken:
             cost = self.cost(batch)
-            when = self.streams[worker].close(end, work / cost, cost, self.now)
+            when = self.streams[worker].close(end, work / cost, cost, self.now,
+                                              self.steps(batch))
             self.order += 1
             heapq.heappush(self.closes, (when, self.order, worker, batch, work))
         self.taken.clear()
@@ -542,13 +575,23 @@ class _ChunkPlay:
                     else self.loads[batch].time_left - self.now) for batch in self.members])
             passed, batch = heapq.heappop(self.passes)
             chunks, requests = self.pending[batch]
-            count = requests / chunks
+            count = self.next_chunk(batch, chunks, requests)
             self.queue.append((batch, count * self.loads[batch].cost))
             if chunks > 1:
                 self.pending[batch] = [chunks - 1, requests - count]
                 heapq.heappush(self.passes, (passed + count / self.split[batch], batch))
             else:
                 del self.pending[batch]
+
+    def next_chunk(self, batch: str, chunks: int, requests: float) -> float:
+        """The requests of `batch`'s next pending chunk, of `chunks` holding
+        `requests`: a batch's chunks are full (Load.chunk) but its last, as
+        validation cut them, so its tail is the short last one."""
+        load = self.loads[batch]
+        if chunks <= 1:
+            return requests
+        full = load.chunk / load.cost if load.chunk else 0.0
+        return max(min(full, requests - (chunks - 1)), requests / chunks)
 
     def take(self, worker: int) -> None:
         """A free chunk thread of `worker` takes the window's first chunk (the

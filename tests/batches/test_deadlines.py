@@ -22,6 +22,7 @@ from batches.eta import (
     finish_times,
     left_output,
     measured_rate,
+    request_steps,
     service_rate,
 )
 
@@ -337,6 +338,50 @@ def test_a_worker_runs_its_chunks_requests_side_by_side_in_its_slots(case, held,
              for batch, cost in costs.items()]
     finish = chunk_finish_times(loads, Dispatch(workers=(held,)), 1.0)
     assert finish == pytest.approx(expected), case
+
+
+@pytest.mark.parametrize(("case", "steps", "expected"), [
+    # Twelve requests of 4 units in 64 slots, ten of "long" (4 steps, a unit a step)
+    # and two of "short" (a dear prompt, one step: 4 units in it). Shared by cost, all
+    # twelve end together (48 s). Step by step, as vLLM runs them: the first step does
+    # 10 + 2 x 4 units (18 s) and ends the short ones; the long ones' three steps
+    # left do 10 units each (30 s).
+    ("shared by cost, requests of one cost end together", {}, {"long": 48, "short": 48}),
+    ("step by step, a short answer leaves after its step, however dear its prompt",
+     {"long": 4.0, "short": 1.0}, {"long": 48, "short": 18}),
+    # Steps in proportion to cost are processor sharing: as without them.
+    ("steps that are the cost units are sharing by cost",
+     {"long": 4.0, "short": 4.0}, {"long": 48, "short": 48}),
+])
+def test_requests_share_the_engine_by_their_steps(case, steps, expected):
+    held = Held(3, (("long", 40.0), ("short", 8.0)), slots=64)
+    loads = [Load(batch, work, cost=4.0, steps=steps.get(batch))
+             for batch, work in (("long", 40.0), ("short", 8.0))]
+    assert chunk_finish_times(loads, Dispatch(workers=(held,)), 1.0) == \
+        pytest.approx(expected), case
+
+
+def test_a_batch_s_pending_chunks_are_full_but_its_last():
+    # One worker, one slot, a window of one chunk; "a" has 60 requests left in two
+    # chunks of at most 50 (50 and 10, as validation cut them), "b" 50 in one, at
+    # equal shares. Stride: a's 50, b's 50, a's 10. Split evenly (30 and 30), b's
+    # chunk would go second and end at 80.
+    loads = [Load("a", 60.0, chunk=50.0), Load("b", 50.0, chunk=50.0)]
+    state = Dispatch(workers=(Held(1),), window=1, pending={"a": (2, 60), "b": (1, 50)})
+    assert chunk_finish_times(loads, state, 1.0) == pytest.approx({"a": 110, "b": 100})
+    # Without a chunk size, the play can only split them evenly.
+    even = [Load("a", 60.0), Load("b", 50.0)]
+    assert chunk_finish_times(even, state, 1.0) == pytest.approx({"a": 110, "b": 80})
+
+
+@pytest.mark.parametrize(("done", "tokens", "prior", "answer", "expected"), [
+    (0, 0, None, None, None),  # nothing known: shared by cost
+    (0, 0, 31.0, None, 32.0),  # the answer prior before any finished
+    (10, 200, 31.0, None, 21.0),  # its answers so far
+    (10, 200, 31.0, 30.0, 31.0),  # by the limits left (left_output)
+])
+def test_a_request_s_steps_are_one_plus_its_answer(done, tokens, prior, answer, expected):
+    assert request_steps(done, tokens, prior, answer) == expected
 
 
 def test_what_the_engine_did_is_counted_off_only_while_nothing_follows():
