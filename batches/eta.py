@@ -393,6 +393,22 @@ class Dispatch:
     passes: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class _Open:
+    """What is fixed of a held chunk's close once it is claimed (_Stream.open): when
+    its last request is admitted, at position `end`, and the cost units of it and of
+    the requests ahead of it in the engine beside it, in `used` of the `limit`
+    slot-steps beside its `steps` steps; the requests behind it join as the worker
+    claims them (_Stream.close)."""
+
+    admitted: float
+    end: float
+    steps: float
+    work: float
+    used: float
+    limit: float
+
+
 class _Stream:
     """One worker's requests in the order its slots admit them (its chunks' claim
     order: inference/slots.py), as positions in a stream done at the worker's rate,
@@ -406,11 +422,19 @@ class _Stream:
     steps. So it stays for its own steps, and each request beside it (before it,
     still in the engine, and after it, filling the slots that free) shares as many
     of them as it has itself, doing that much of its cost, until the other slots
-    are filled for all of its steps (`close`). With one slot that is the stream
-    reaching the chunk's end; with many, a short answer behind long ones ends
+    are filled for all of its steps (`open`, `close`). With one slot that is the
+    stream reaching the chunk's end; with many, a short answer behind long ones ends
     before them, however dear its prompt, and a long answer stays while the short
     ones beside it come and go, as vLLM runs them. Where every request's steps are
-    its cost units this is processor sharing."""
+    its cost units this is processor sharing.
+
+    The requests behind a chunk's last one are those of the chunks the worker claims
+    before it closes, so its close moves later as each is claimed: worked out once
+    at its claim, with the slots its worker's later chunks fill beside it counted
+    empty, a long answer's chunk read as if the engine ran it alone at the end (on
+    the real engine, 18 s early at a median, 14 s now, against 2 s for short
+    answers'; docs/benchmarks.md, "A chunk's close, moved by the chunks claimed
+    after it")."""
 
     def __init__(self, slots: int, rate: float, done: float = 0.0) -> None:
         self.slots, self.rate = max(slots, 1), rate
@@ -422,6 +446,8 @@ class _Stream:
         self.ends: list[float] = []
         self.times: list[float] = []
         self.head = 0  # the segments before it were done before now
+        self.opened: dict[int, _Open] = {}  # its chunks held, by the order they were taken
+        self.full: dict[int, float] = {}  # the closes of those whose slots are filled
 
     @property
     def position(self) -> float:
@@ -443,8 +469,11 @@ class _Stream:
         while self.head < len(self.times) and self.times[self.head] <= when:
             self.head += 1
         if self.head > 64 and self.head * 2 > len(self.times):
-            del self.segments[:self.head], self.ends[:self.head], self.times[:self.head]
-            self.head = 0
+            # Not those behind a chunk held: its close counts them, done or not.
+            keep = min([self.head, *(bisect.bisect_left(self.ends, held.end)
+                                     for held in self.opened.values())])
+            del self.segments[:keep], self.ends[:keep], self.times[:keep]
+            self.head -= keep
         if self.head == len(self.times):
             return self.position
         first, start, cost, _ = self.segments[self.head]
@@ -464,7 +493,7 @@ class _Stream:
         one of `steps` steps: each shares the lesser of its steps and `steps` with it,
         doing its cost over its steps in each, until `limit` slot-steps are filled."""
         work = used = 0.0
-        i = bisect.bisect_right(self.ends, low, lo=self.head)
+        i = bisect.bisect_right(self.ends, low)
         while i < len(self.ends) and used < limit and self.segments[i][0] < high:
             first, _, cost, each = self.segments[i]
             shared = min(each, steps)
@@ -474,24 +503,43 @@ class _Stream:
             i += 1
         return work, used
 
-    def close(self, end: float, requests: float, cost: float, now: float,
-              steps: float | None = None) -> float:
-        """When the chunk of `requests` of `cost` and `steps` (None: its cost) each
-        that ends at position `end`, added at `now`, closes: when its last request
-        ends. Requests found in the engine at the start count whole but for what the
-        worker says its engine did of them where nothing follows them (`lead`, in
-        seconds, from _ChunkPlay.counted_off), not a guess: a chunk's last requests
-        are its longest, and taking them as half through read the tails of chunks
-        early on the real engine."""
+    def open(self, key: int, end: float, requests: float, cost: float, now: float,
+             steps: float | None = None) -> None:
+        """Hold the chunk `key` of `requests` of `cost` and `steps` (None: its cost)
+        each that ends at position `end`, added at `now`: when its last request is
+        admitted and what is ahead of it beside it. Requests found in the engine at
+        the start count whole but for what the worker says its engine did of them
+        where nothing follows them (`lead`, in seconds, from
+        _ChunkPlay.counted_off), not a guess: a chunk's last requests are its
+        longest, and taking them as half through read the tails of chunks early on
+        the real engine."""
         if requests <= 0:
-            return now
+            self.opened[key] = _Open(now, end, 0.0, 0.0, 0.0, 0.0)
+            return
         steps = steps or cost
         done = self.done_at(now)
         admitted = now if end - self.slots <= done else self.reached(end - self.slots)
         limit = (self.slots - 1) * steps
         before, used = self.beside(max(end - self.slots, done), end - 1, steps, limit)
-        after, _ = self.beside(end, self.position, steps, limit - used)
-        return max(admitted, now) + (cost + before + after) / self.rate
+        self.opened[key] = _Open(max(admitted, now), end, steps, cost + before, used, limit)
+
+    def close(self, key: int) -> float:
+        """When the held chunk `key` closes, as its stream stands: when its last
+        request ends, beside the requests behind it that the worker claimed so far
+        (a chunk claimed after it closed is not in it)."""
+        if key in self.full:  # no request claimed later can move it
+            return self.full[key]
+        held = self.opened[key]
+        after, used = self.beside(held.end, self.position, held.steps, held.limit - held.used)
+        when = held.admitted + (held.work + after) / self.rate
+        if held.used + used >= held.limit * (1 - 1e-9):
+            self.full[key] = when
+        return when
+
+    def forget(self, key: int) -> None:
+        """The held chunk `key` closed."""
+        del self.opened[key]
+        self.full.pop(key, None)
 
 
 class _ChunkPlay:
@@ -515,8 +563,11 @@ class _ChunkPlay:
         heapq.heapify(self.passes)
         self.split: dict[str, float] = {}
         self.members: frozenset[str] = frozenset()
-        # (when it closes, order taken, worker, batch, cost units): the chunks held
+        # (when it closes, order taken, worker, batch, cost units): the chunks held, an
+        # entry no longer its chunk's close (`when`) once a chunk claimed after it moved it
         self.closes: list[tuple[float, int, int, str, float]] = []
+        self.when: dict[int, float] = {}
+        self.held: dict[int, tuple[int, str, float]] = {}  # order: (worker, batch, work)
         self.taken: list[tuple[int, str, float, float]] = []  # this instant's, unsettled
         self.order = 0
         self.now = 0.0
@@ -555,13 +606,23 @@ class _ChunkPlay:
 
     def settle(self) -> None:
         """When the chunks taken at this instant close, worked out once all of them
-        are in (they share their worker's engine)."""
+        are in (they share their worker's engine), and when those their workers held
+        before close now: the requests just taken fill the slots beside theirs."""
+        chunks: dict[int, tuple[int, str, float]] = {}
         for worker, batch, work, end in self.taken:
             cost = self.cost(batch)
-            when = self.streams[worker].close(end, work / cost, cost, self.now,
-                                              self.steps(batch))
             self.order += 1
-            heapq.heappush(self.closes, (when, self.order, worker, batch, work))
+            self.streams[worker].open(self.order, end, work / cost, cost, self.now,
+                                      self.steps(batch))
+            chunks[self.order] = (worker, batch, work)
+        for worker in {worker for worker, *_ in self.taken}:
+            for order in self.streams[worker].opened:
+                when = self.streams[worker].close(order)
+                if self.when.get(order) != when:
+                    self.when[order] = when
+                    _, batch, work = chunks.get(order) or self.held[order]
+                    heapq.heappush(self.closes, (when, order, worker, batch, work))
+        self.held.update(chunks)
         self.taken.clear()
 
     def refill(self) -> None:
@@ -615,7 +676,13 @@ class _ChunkPlay:
     def close(self) -> str:
         """The next chunk to close; its worker takes another from the window. Returns
         its batch."""
-        self.now, _, worker, batch, work = heapq.heappop(self.closes)
+        while True:
+            when, order, worker, batch, work = heapq.heappop(self.closes)
+            if self.when[order] == when:
+                break
+        del self.when[order], self.held[order]
+        self.streams[worker].forget(order)
+        self.now = when
         self.holding[worker] -= 1
         self.left[batch] -= 1
         if batch in self.remaining:
@@ -649,7 +716,7 @@ def chunk_finish_times(loads: Sequence[Load], state: Dispatch, worker_rate: floa
     play.refill()
     play.deal()
     play.settle()
-    while play.closes:
+    while play.when:
         batch = play.close()
         if play.left[batch] <= 0 and batch in play.loads:
             finish[batch] = play.now

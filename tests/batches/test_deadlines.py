@@ -361,6 +361,22 @@ def test_requests_share_the_engine_by_their_steps(case, steps, expected):
         pytest.approx(expected), case
 
 
+def test_a_chunk_s_close_counts_the_requests_claimed_after_it():
+    # One worker of two slots and two chunk threads at 1 unit a second, holding "a"
+    # (one request of 10 steps, a unit each) and "b" (one of 2 steps at 1 a step),
+    # "c" (as b) in the broker's window. b leaves after two steps of 2 units (4 s);
+    # the thread it frees takes c, whose request fills b's slot beside a's for two
+    # more steps of 2 units, and a's last six steps take 6 s alone: a ends at 14.
+    # Worked out when a was claimed, with c not yet taken, a read 12.
+    loads = [Load("a", 10.0, cost=10.0, steps=10.0), Load("b", 2.0, cost=2.0, steps=2.0),
+             Load("c", 2.0, cost=2.0, steps=2.0)]
+    state = Dispatch(workers=(Held(2, (("a", 10.0), ("b", 2.0)), slots=2),),
+                     queued=(("c", 2.0),))
+    finish = chunk_finish_times(loads, state, 1.0)
+    assert finish["a"] == pytest.approx(14)
+    assert finish["b"] == pytest.approx(4)
+
+
 def test_a_batch_s_pending_chunks_are_full_but_its_last():
     # One worker, one slot, a window of one chunk; "a" has 60 requests left in two
     # chunks of at most 50 (50 and 10, as validation cut them), "b" 50 in one, at
