@@ -678,7 +678,7 @@ class _ChunkPlay:
         its batch."""
         while True:
             when, order, worker, batch, work = heapq.heappop(self.closes)
-            if self.when[order] == when:
+            if self.when.get(order) == when:  # else a close a later claim moved
                 break
         del self.when[order], self.held[order]
         self.streams[worker].forget(order)
