@@ -169,9 +169,11 @@ def test_the_batch_makes_room_for_interactive_traffic_and_takes_it_back(start_se
         client.join(120)
     assert answered and set(answered) == {200}
 
-    # When it leaves, the batch takes the capacity back once the hold has passed.
+    # When it leaves, the batch takes the capacity back once the hold has passed (the
+    # limit regrows over several of the worker's readings after it: 60 s past the
+    # hold ran out once in a clean-clone CI run, another test beside it on two cores).
     wait_until(lambda: (a := admission(api)) and a["mode"] == "alone"
-               and a["limit"] > shared["limit"], timeout=HOLD_SECONDS + 60, interval=0.2,
+               and a["limit"] > shared["limit"], timeout=HOLD_SECONDS + 150, interval=0.2,
                message="the batch to take the capacity back")
 
     # And every line exactly once, none failed, the stopped ones sent again.
