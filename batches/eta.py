@@ -563,11 +563,11 @@ class _ChunkPlay:
         heapq.heapify(self.passes)
         self.split: dict[str, float] = {}
         self.members: frozenset[str] = frozenset()
-        # (when it closes, order taken, worker, batch, cost units): the chunks held, an
-        # entry no longer its chunk's close (`when`) once a chunk claimed after it moved it
-        self.closes: list[tuple[float, int, int, str, float]] = []
+        # (when it closes, order taken) of the chunks held, an entry no longer its
+        # chunk's close (`when`) once a chunk claimed after it moved it
+        self.closes: list[tuple[float, int]] = []
         self.when: dict[int, float] = {}
-        self.held: dict[int, tuple[int, str, float]] = {}  # order: (worker, batch, work)
+        self.held: dict[int, tuple[int, str, float]] = {}  # order: (worker, batch, cost units)
         self.taken: list[tuple[int, str, float, float]] = []  # this instant's, unsettled
         self.order = 0
         self.now = 0.0
@@ -608,21 +608,18 @@ class _ChunkPlay:
         """When the chunks taken at this instant close, worked out once all of them
         are in (they share their worker's engine), and when those their workers held
         before close now: the requests just taken fill the slots beside theirs."""
-        chunks: dict[int, tuple[int, str, float]] = {}
         for worker, batch, work, end in self.taken:
             cost = self.cost(batch)
             self.order += 1
             self.streams[worker].open(self.order, end, work / cost, cost, self.now,
                                       self.steps(batch))
-            chunks[self.order] = (worker, batch, work)
+            self.held[self.order] = (worker, batch, work)
         for worker in {worker for worker, *_ in self.taken}:
             for order in self.streams[worker].opened:
                 when = self.streams[worker].close(order)
                 if self.when.get(order) != when:
                     self.when[order] = when
-                    _, batch, work = chunks.get(order) or self.held[order]
-                    heapq.heappush(self.closes, (when, order, worker, batch, work))
-        self.held.update(chunks)
+                    heapq.heappush(self.closes, (when, order))
         self.taken.clear()
 
     def refill(self) -> None:
@@ -677,10 +674,11 @@ class _ChunkPlay:
         """The next chunk to close; its worker takes another from the window. Returns
         its batch."""
         while True:
-            when, order, worker, batch, work = heapq.heappop(self.closes)
+            when, order = heapq.heappop(self.closes)
             if self.when.get(order) == when:  # else a close a later claim moved
                 break
-        del self.when[order], self.held[order]
+        del self.when[order]
+        worker, batch, work = self.held.pop(order)
         self.streams[worker].forget(order)
         self.now = when
         self.holding[worker] -= 1
