@@ -250,12 +250,12 @@ def answer_history(model: str) -> list[tuple[float, float, int, float]]:
 @dataclass
 class OpenChunks:
     """A model's open chunks of running batches, as the chunk play needs them:
-    requests left per batch, the running ones (worker, batch, requests left) in the
-    order they were claimed, the queued ones in the order they were published, and
+    requests left per batch, the running ones (worker, batch, requests left, index)
+    in the order they were claimed, the queued ones in the order they were published, and
     the pending ones per batch (chunks, requests)."""
 
     left: dict[str, int] = field(default_factory=dict)
-    running: list[tuple[str, str, int]] = field(default_factory=list)
+    running: list[tuple[str, str, int, int]] = field(default_factory=list)
     queued: list[tuple[str, int]] = field(default_factory=list)
     pending: dict[str, tuple[int, int]] = field(default_factory=dict)
 
@@ -264,23 +264,35 @@ class OpenChunks:
 
     def dispatch(self, loads: list[eta.Load], slots: dict[str, int],
                  passes: dict[str, float],
-                 in_flight: dict[str, float] | None = None) -> eta.Dispatch:
+                 in_flight: dict[str, float] | None = None,
+                 tails: dict[str, dict[str, list]] | None = None) -> eta.Dispatch:
         """The play's view of the workers with these `slots`: its cost units from
         `loads`; a running chunk of a worker that is not live for this model first in
         the window (it is taken again); the cost units each worker's engine did of
-        the requests it runs now (`in_flight`, Held.done)."""
+        the requests it runs now (`in_flight`, Held.done); the steps the longest of a
+        chunk's requests has left where all those left are in its worker's engine
+        (`tails`: Worker.chunk_tails by worker, Held.left_steps)."""
         cost = {load.batch_id: load.cost for load in loads}
         held: dict[str, list[tuple[str, float]]] = {worker: [] for worker in slots}
+        left_steps: dict[str, dict[int, float]] = {worker: {} for worker in slots}
         orphans = []
-        for worker, batch_id, left in self.running:
+        for worker, batch_id, left, index in self.running:
             work = (batch_id, left * cost.get(batch_id, 1.0))
-            (held[worker] if worker in held else orphans).append(work)
+            if worker not in held:
+                orphans.append(work)
+                continue
+            tail = (tails or {}).get(worker, {}).get(f"{batch_id}-{index}")
+            if tail and tail[0] >= left > 0 and tail[1] is not None:
+                # Its prefill done or not, one step more than the tokens it may add.
+                left_steps[worker][len(held[worker])] = tail[1] + 1.0
+            held[worker].append(work)
         if not slots:  # no live worker holds the model: one will, after a swap
             slots, held = {"": settings.BATCHGEN_MAX_POOL_SIZE}, {"": []}
         threads = {worker: fleet_selectors.chunk_threads(count) for worker, count in slots.items()}
         return eta.Dispatch(
             workers=tuple(eta.Held(threads[worker], tuple(held[worker]), slots[worker],
-                                   (in_flight or {}).get(worker, 0.0))
+                                   (in_flight or {}).get(worker, 0.0),
+                                   left_steps.get(worker, {}))
                           for worker in slots),
             queued=tuple(orphans + [(batch_id, left * cost.get(batch_id, 1.0))
                                     for batch_id, left in self.queued]),
@@ -297,12 +309,12 @@ def open_chunks() -> dict[str, OpenChunks]:
               .annotate(left=Greatest(F("count") - F("completed") - F("failed"), 0))
               .order_by(F("claimed_at").asc(nulls_last=True),
                         F("published_at").asc(nulls_last=True), "id")
-              .values_list("model", "batch_id", "status", "worker", "left"))
-    for model, batch_id, status, worker, left in flying:
+              .values_list("model", "batch_id", "status", "worker", "left", "index"))
+    for model, batch_id, status, worker, left, index in flying:
         chunks = found[chunk_model(model)]
         chunks.add(batch_id, left)
         if status == ChunkStatus.RUNNING:
-            chunks.running.append((worker, batch_id, left))
+            chunks.running.append((worker, batch_id, left, index))
         else:
             chunks.queued.append((batch_id, left))
     for row in (Chunk.objects.filter(status=ChunkStatus.PENDING,
@@ -325,7 +337,9 @@ def play(loads: list[eta.Load], chunks: OpenChunks, measured: ModelThroughput,
     fair share with it off), at one worker's measured rate over the model's live
     `workers` and their slots, after a swap when none holds the model; what their
     engines did of the requests they run now counted off while nothing follows
-    those (in cost units at the model's prompt weight; eta._ChunkPlay.counted_off)."""
+    those (in cost units at the model's prompt weight; eta._ChunkPlay.counted_off),
+    and a chunk all in its worker's engine ended as its longest request will
+    (WorkerWork.tails, eta.Held.left_steps)."""
     slots = {worker: seen.slots for worker, seen in workers.items()}
     rate = measured.rate
     one = rate / max(len(slots), 1)
@@ -334,8 +348,9 @@ def play(loads: list[eta.Load], chunks: OpenChunks, measured: ModelThroughput,
         else eta.fair_shares
     in_flight = {worker: seen.output_in_flight + measured.prompt_weight * seen.prompt_in_flight
                  for worker, seen in workers.items()}
-    played = eta.chunk_finish_times(loads, chunks.dispatch(loads, slots, passes, in_flight),
-                                    one, shares)
+    tails = {worker: seen.tails or {} for worker, seen in workers.items()}
+    played = eta.chunk_finish_times(
+        loads, chunks.dispatch(loads, slots, passes, in_flight, tails), one, shares)
     return {batch_id: seconds + delay for batch_id, seconds in played.items()}
 
 

@@ -378,6 +378,11 @@ class Held:
     # worker says (an engine that tells its steps; none from the others). Counted off
     # only while nothing follows them (_ChunkPlay.counted_off).
     done: float = 0.0
+    # The steps the longest of a chunk's requests has left, by the chunk's place in
+    # `chunks`, where all the requests it has left are in the engine (from an engine
+    # that tells each request's tokens: Engine.progress). Its last request ends
+    # after those steps, not a whole request's (_ChunkPlay.settle).
+    left_steps: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -568,12 +573,13 @@ class _ChunkPlay:
         self.closes: list[tuple[float, int]] = []
         self.when: dict[int, float] = {}
         self.held: dict[int, tuple[int, str, float]] = {}  # order: (worker, batch, cost units)
-        self.taken: list[tuple[int, str, float, float]] = []  # this instant's, unsettled
+        # this instant's, unsettled: (worker, batch, cost units, end, steps left)
+        self.taken: list[tuple[int, str, float, float, float | None]] = []
         self.order = 0
         self.now = 0.0
         for worker, held in enumerate(state.workers):
-            for batch, work in held.chunks:
-                self.hold(worker, batch, work)
+            for place, (batch, work) in enumerate(held.chunks):
+                self.hold(worker, batch, work, held.left_steps.get(place))
 
     def cost(self, batch: str) -> float:
         return self.loads[batch].cost if batch in self.loads else 1.0
@@ -597,22 +603,27 @@ class _ChunkPlay:
             sum(work / self.cost(batch) for batch, work in held.chunks) > held.slots
         return 0.0 if follows else held.done
 
-    def hold(self, worker: int, batch: str, work: float) -> None:
-        """`worker` holds a chunk from now: its requests join the worker's stream."""
+    def hold(self, worker: int, batch: str, work: float, left: float | None = None) -> None:
+        """`worker` holds a chunk from now: its requests join the worker's stream
+        (`left`: the steps its longest request has left, all of them in the engine)."""
         end = self.streams[worker].add(work / self.cost(batch), self.cost(batch), self.now,
                                        self.steps(batch))
         self.holding[worker] += 1
-        self.taken.append((worker, batch, work, end))
+        self.taken.append((worker, batch, work, end, left))
 
     def settle(self) -> None:
         """When the chunks taken at this instant close, worked out once all of them
         are in (they share their worker's engine), and when those their workers held
         before close now: the requests just taken fill the slots beside theirs."""
-        for worker, batch, work, end in self.taken:
-            cost = self.cost(batch)
+        for worker, batch, work, end, left in self.taken:
+            cost, steps = self.cost(batch), self.steps(batch)
+            # A chunk all in the engine: its last request stays for the steps its
+            # longest has left, doing that part of its cost, beside the others for as
+            # many (a whole request's at most).
+            part = 1.0 if left is None or not steps else min(left / steps, 1.0)
             self.order += 1
-            self.streams[worker].open(self.order, end, work / cost, cost, self.now,
-                                      self.steps(batch))
+            self.streams[worker].open(self.order, end, work / cost, cost * part, self.now,
+                                      None if steps is None else steps * part)
             self.held[self.order] = (worker, batch, work)
         for worker in {worker for worker, *_ in self.taken}:
             for order in self.streams[worker].opened:

@@ -57,6 +57,11 @@ class Worker(models.Model):
     # (an engine that reports each step's work and time: WorkerState.add_work); None
     # until they do. The ETA's prior for a model whose work it has not fitted yet.
     engine_prompt_weight = models.FloatField(null=True, blank=True)
+    # The requests of each chunk it runs that are in its engine now, as of its
+    # heartbeat, from an engine that tells each request's tokens (Engine.progress):
+    # {"<batch_id>-<index>": [requests, most tokens one may still generate, or null]}.
+    # The ETA starts such a chunk where its longest request is (eta.Held.left_steps).
+    chunk_tails = models.JSONField(default=dict, blank=True)
 
     class Meta:
         db_table = "inference_worker"

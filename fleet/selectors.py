@@ -62,6 +62,7 @@ class WorkerWork(NamedTuple):
     prompt_in_flight: int = 0  # of `prompt`, for requests not answered yet
     output_in_flight: int = 0  # of `output`, the same
     prompt_weight: float | None = None  # as its engine's steps tell (None: not yet)
+    tails: dict[str, list] | None = None  # Worker.chunk_tails
 
 
 def live_worker_work() -> dict[str, dict[str, WorkerWork]]:
@@ -74,7 +75,7 @@ def live_worker_work() -> dict[str, dict[str, WorkerWork]]:
                                        "requests_completed", "requests_failed",
                                        "prompt_tokens_computed", "tokens_computed",
                                        "prompt_tokens_in_flight", "tokens_in_flight",
-                                       "engine_prompt_weight")):
+                                       "engine_prompt_weight", "chunk_tails")):
         found[model][name] = WorkerWork(capacity, busy, done + failed, prompt, output, *now)
     return found
 

@@ -20,6 +20,7 @@ def worker_heartbeat(*, name: str, hostname: str, engine: str, model: str, capac
                      active: int, tokens_active: int, token_budget: int | None, ready: bool,
                      completed: int, failed: int, tokens: int, storage_error: str = "",
                      held_chunks: list[int] | None = None,
+                     chunk_tails: dict[str, list] | None = None,
                      admission: dict | None = None, max_context_length: int = 0,
                      work: tuple[float, int, int] = (0.0, 0, 0),
                      in_flight: tuple[int, int] = (0, 0),
@@ -28,7 +29,8 @@ def worker_heartbeat(*, name: str, hostname: str, engine: str, model: str, capac
     engine's adaptive concurrency and context, and its engines' `work` (seconds busy,
     prompt tokens computed, tokens generated), what of it belongs to requests still
     running (`in_flight`: prompt tokens, tokens generated) and the `prompt_weight`
-    its engine's steps tell (its own row only)."""
+    its engine's steps tell, and where its engine is in each chunk (`chunk_tails`:
+    Worker.chunk_tails) (its own row only)."""
     Worker.objects.update_or_create(
         name=name,
         defaults={"hostname": hostname, "pid": os.getpid(), "engine": engine, "model": model,
@@ -37,6 +39,7 @@ def worker_heartbeat(*, name: str, hostname: str, engine: str, model: str, capac
                   "requests_completed": completed, "requests_failed": failed,
                   "tokens_generated": tokens, "storage_error": storage_error,
                   "held_chunks": sorted(held_chunks or ()), "admission": admission,
+                  "chunk_tails": chunk_tails or {},
                   "max_context_length": max_context_length, "busy_seconds": work[0],
                   "prompt_tokens_computed": work[1], "tokens_computed": work[2],
                   "prompt_tokens_in_flight": in_flight[0], "tokens_in_flight": in_flight[1],

@@ -31,7 +31,7 @@ from inference.ledger import ChunkLedger
 from inference.output import format_line
 from inference.slots import Cost, estimate_cost
 from inference.storage_pause import StoragePause
-from inference.worker_state import WorkerState
+from inference.worker_state import WorkerState, request_id
 from serving.endpoints import endpoint_spec
 
 logger = logging.getLogger("batchgen.inference")
@@ -161,7 +161,7 @@ class ChunkRunner:
         spec = endpoint_spec(work.endpoint)
         for position, item in enumerate(chunk.requests):
             request = EngineRequest(
-                request_id=f"{work.batch_id}-{work.index}-{position}-{work.attempts}",
+                request_id=request_id(work.batch_id, work.index, position, work.attempts),
                 custom_id=item["custom_id"],
                 endpoint=work.endpoint,
                 body=spec.resolve_body(item["body"], work.params),

@@ -15,7 +15,7 @@ from core.outage import noted_outage
 from inference.database import WorkerDatabase
 from inference.engine_host import EngineHost
 from inference.ledger import ChunkLedger
-from inference.worker_state import WorkerState
+from inference.worker_state import WorkerState, chunk_key
 
 logger = logging.getLogger("batchgen.inference")
 
@@ -49,6 +49,7 @@ class Heartbeat:
             in_flight=state.in_flight(idle=slots.active == 0, bound=slots.tokens_active),
             prompt_weight=state.engine_prompt_weight(),
             storage_error=state.storage_error, held_chunks=self.held_chunk_ids(),
+            chunk_tails=chunk_tails({} if engines.engine is None else engines.engine.progress()),
             admission=None if engines.engine is None else engines.engine.admission,
             max_context_length=(engines.engine.max_context_length
                                 if engines.engine is not None and state.ready.is_set() else 0),
@@ -102,3 +103,16 @@ class Heartbeat:
                 if self.at_beat is not None:
                     self.at_beat()
                 self.beat()
+
+
+def chunk_tails(progress: dict[str, tuple[int, int | None]]) -> dict[str, list]:
+    """Each chunk's requests in the engine (Engine.progress) as the ETA reads them
+    (Worker.chunk_tails): {"<batch_id>-<index>": [requests, most tokens one of
+    them may still generate (None: one has no limit)]}."""
+    tails: dict[str, list] = {}
+    for ours, (generated, limit) in progress.items():
+        left = None if limit is None else max(limit - generated, 0)
+        tail = tails.setdefault(chunk_key(ours), [0, 0])
+        tail[0] += 1
+        tail[1] = None if left is None or tail[1] is None else max(tail[1], left)
+    return tails

@@ -16,6 +16,17 @@ from batches.eta import PromptFit
 from batches.usage import Usage
 
 
+def request_id(batch_id: str, index: int, position: int, attempts: int) -> str:
+    """The id of a chunk's request in the engine, unique while it runs (a chunk run
+    again has more attempts): its chunk's key (chunk_key), then its place in it."""
+    return f"{batch_id}-{index}-{position}-{attempts}"
+
+
+def chunk_key(request_id: str) -> str:
+    """The chunk of a request_id, as "<batch_id>-<index>" (Worker.chunk_tails)."""
+    return request_id.rsplit("-", 2)[0]
+
+
 @dataclass(eq=False)
 class WorkerState:
     name: str = ""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 from http import HTTPStatus
 from typing import Any
@@ -107,7 +108,7 @@ class _LoadReporter(StatLoggerBase):
     def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None,
                engine_idx: int = 0) -> None:
         if scheduler_stats is not None:
-            self.engine._core_load(self.engine_index, scheduler_stats)
+            self._core_load(scheduler_stats)
         if iteration_stats is not None:
             # The step's time in the engine core: the inter-token latency of each
             # request it decoded, one each step (the least: a request preempted and
@@ -117,6 +118,21 @@ class _LoadReporter(StatLoggerBase):
                                     iteration_stats.num_generation_tokens,
                                     len(iteration_stats.finished_requests),
                                     min(latencies) if latencies else None)
+
+    def _core_load(self, stats) -> None:
+        """On the engine loop, after each step of its engine core: the engine's load,
+        summed over its cores (data parallel), to its load listener."""
+        loads = self.engine._core_loads
+        loads[self.engine_index] = EngineLoad(
+            running=stats.num_running_reqs,
+            waiting=stats.num_waiting_reqs + stats.num_skipped_waiting_reqs,
+            kv_cache_usage=stats.kv_cache_usage)
+        now = list(loads.values())
+        self.engine.report_load(now[0] if len(now) == 1 else
+                                EngineLoad(running=sum(load.running for load in now),
+                                           waiting=sum(load.waiting for load in now),
+                                           kv_cache_usage=max(load.kv_cache_usage
+                                                              for load in now)))
 
     def log_engine_initialized(self) -> None:
         pass
@@ -135,6 +151,7 @@ class VllmEngine(Engine):
         self._scores: ServingScores | None = None  # score and rerank (vllm_scoring.py)
         self._stats_task: asyncio.Task | None = None
         self._core_loads: dict[int, EngineLoad] = {}  # engine core (DP rank) -> last load
+        self._serving: set[str] = set()  # the request_ids of generate() calls under way
 
     @property
     def max_context_length(self) -> int:
@@ -174,17 +191,8 @@ class VllmEngine(Engine):
         """As it reports its load: after every step."""
         return self.max_running is not None
 
-    def _core_load(self, engine_index: int, stats) -> None:
-        """On the engine loop, after each step of an engine core."""
-        self._core_loads[engine_index] = EngineLoad(
-            running=stats.num_running_reqs,
-            waiting=stats.num_waiting_reqs + stats.num_skipped_waiting_reqs,
-            kv_cache_usage=stats.kv_cache_usage)
-        loads = list(self._core_loads.values())
-        self.report_load(loads[0] if len(loads) == 1 else
-                         EngineLoad(running=sum(load.running for load in loads),
-                                    waiting=sum(load.waiting for load in loads),
-                                    kv_cache_usage=max(load.kv_cache_usage for load in loads)))
+    def progress(self) -> dict[str, tuple[int, int | None]]:
+        return requests_progress(self._llm, self._serving)
 
     def engine_args(self) -> AsyncEngineArgs:
         """The arguments start() gives vLLM (inference/engines/vllm_start.py)."""
@@ -254,6 +262,7 @@ class VllmEngine(Engine):
         if self._llm is None:
             raise RuntimeError("VllmEngine.start() has not run")
         cap_token = _context_cap.set(request.max_context_length)
+        self._serving.add(request.request_id)
         try:
             response = await self._serve(request)
         except PromptTooLong as exc:
@@ -272,6 +281,7 @@ class VllmEngine(Engine):
             return _failure_from(create_error_response(exc))
         finally:
             _context_cap.reset(cap_token)
+            self._serving.discard(request.request_id)
 
         task = asyncio.current_task()
         if task is not None and task.cancelling():
@@ -372,6 +382,45 @@ class VllmEngine(Engine):
         self._scores = None
         if llm is not None:
             llm.shutdown()
+
+
+def requests_progress(llm: AsyncLLM | None, serving: set[str]
+                      ) -> dict[str, tuple[int, int | None]]:
+    """Engine.progress from vLLM's output processor, which keeps each request's
+    tokens generated and its max_tokens in this process (`serving`: the request_ids
+    of the generate() calls under way): a request's several samples (n) share its id,
+    and the one with most left speaks for it."""
+    if llm is None or not llm.log_stats:  # the token counts are its stats
+        return {}
+    # One C-level copy under the GIL: the engine loop adds and drops requests
+    # meanwhile, which would break an iteration over the dict itself.
+    states = tuple(llm.output_processor.request_states.values())
+    found: dict[str, tuple[int, int | None]] = {}
+    for state in states:
+        ours = _our_request_id(state.external_req_id, serving)
+        if ours is None or state.stats is None:
+            continue
+        now = (state.stats.num_generation_tokens, state.max_tokens_param)
+        if ours not in found or _tokens_left(now) > _tokens_left(found[ours]):
+            found[ours] = now
+    return found
+
+
+def _our_request_id(external: str, serving: set[str]) -> str | None:
+    """The request_id generate() was given, from the id vLLM's serving classes gave
+    the engine for it: chat's "chatcmpl-<id>", completion's "cmpl-<id>-<prompt>",
+    responses' "resp_<id>" (generate's ids are "resp_<id>" there) with "_<turn>";
+    None for one that is not ours (serving: the ids under way)."""
+    for name in (external, external.partition("-")[2], external.partition("_")[2]):
+        for candidate in (name, name.rpartition("-")[0], name.rpartition("_")[0]):
+            if candidate in serving:
+                return candidate
+    return None
+
+
+def _tokens_left(progress: tuple[int, int | None]) -> float:
+    generated, limit = progress
+    return math.inf if limit is None else limit - generated
 
 
 def _failure_from(response: ErrorResponse) -> EngineResult:

@@ -163,6 +163,14 @@ class Engine(abc.ABC):
         batches/estimates.py, read these figures)."""
         return False
 
+    def progress(self) -> dict[str, tuple[int, int | None]]:
+        """The requests in the engine now, by their request_id: the tokens each has
+        generated so far and its output limit (None: none known), from an engine that
+        can tell (vLLM's); empty from the others. Called on the heartbeat's thread,
+        not on the engine loop. The ETA starts a chunk whose requests are all in the
+        engine where its longest one is (batches.eta.Held.left_steps)."""
+        return {}
+
     def report_work(self, prompt_tokens: int, output_tokens: int, finished: int = 0,
                     seconds: float | None = None) -> None:
         listener = self.work_listener

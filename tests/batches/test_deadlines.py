@@ -414,6 +414,24 @@ def test_what_the_engine_did_is_counted_off_only_while_nothing_follows():
     assert chunk_finish_times(loads, pending, 1.0) == pytest.approx({"a": 7, "b": 7})
 
 
+def test_a_chunk_all_in_the_engine_stays_for_the_steps_its_longest_has_left():
+    # The worker of the close test above, its engine telling that a's one request
+    # (10 steps) has 3 steps left (Held.left_steps). a's last 3 steps: 2 beside b
+    # (2 units each, 4 s) and 1 beside c, which took b's slot (2 units): 6 s, where
+    # counted whole it is 14. b, not told, keeps its whole 2 steps (4 s).
+    loads = [Load("a", 10.0, cost=10.0, steps=10.0), Load("b", 2.0, cost=2.0, steps=2.0),
+             Load("c", 2.0, cost=2.0, steps=2.0)]
+    told = Held(2, (("a", 10.0), ("b", 2.0)), slots=2, left_steps={0: 3.0})
+    finish = chunk_finish_times(loads, Dispatch(workers=(told,), queued=(("c", 2.0),)), 1.0)
+    assert finish["a"] == pytest.approx(6)
+    assert finish["b"] == pytest.approx(4)
+    # Never more than a whole request's steps: a limit above the batch's steps (an
+    # answer that ends before its max_tokens) reads as the whole request.
+    long = Held(2, (("a", 10.0), ("b", 2.0)), slots=2, left_steps={0: 50.0})
+    assert chunk_finish_times(loads, Dispatch(workers=(long,), queued=(("c", 2.0),)),
+                              1.0)["a"] == pytest.approx(14)
+
+
 def test_the_chunk_play_follows_the_shares_it_is_given():
     # Two batches with 4 chunks of one request each, one worker, a window of one:
     # equal shares alternate them; "b" with three times the share goes three to one.

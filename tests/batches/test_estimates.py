@@ -656,6 +656,31 @@ def test_what_a_worker_s_engine_did_of_the_requests_it_runs_is_counted_off(runni
     assert eta_of(batch, now) == pytest.approx(0.5)
 
 
+def test_a_chunk_whose_requests_are_all_in_the_engine_ends_when_its_longest_has(
+        running_batch):
+    """The worker's heartbeat names the requests of each chunk in its engine and the
+    most tokens one may still generate (Worker.chunk_tails). Its two requests of 100
+    steps (99 output tokens, 100 cost units each) in its two slots take 10 s from
+    their start at 20 units a second; with 29 tokens at most left (30 steps), 3 s.
+    Told of only one of them, or of one without a limit, the chunk is read whole."""
+    model = served_model().id
+    live_workers(1, model)
+    batch = running_batch(4, chunk_size=2)
+    now = timezone.now()
+    finish(batch, range(1), workers=["w0"], started=now - timedelta(seconds=20), seconds=10,
+           output_tokens=2 * 99)
+    running_on("w0", batch, 1, now)
+    key = f"{batch.id}-1"
+    etas = []
+    for tails in ({}, {key: [1, 29]}, {key: [2, None]}, {key: [2, 29]}, {key: [2, 500]}):
+        Worker.objects.filter(name="w0").update(chunk_tails=tails)
+        estimates.estimates_refresh(now)
+        etas.append(eta_of(batch, now))
+
+    assert ModelThroughput.objects.get(model=model).rate == pytest.approx(20)
+    assert etas == pytest.approx([10, 10, 10, 3, 10])
+
+
 def observed():
     """A fresh Progress, `at(seconds, **workers)` showing it each worker's (model,
     busy seconds, requests, prompt tokens computed, tokens generated) that many

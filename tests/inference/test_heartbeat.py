@@ -13,7 +13,7 @@ from django.db import OperationalError
 from batches.usage import Usage
 from core import outage
 from fleet.models import Worker
-from inference.worker_state import WorkerState
+from inference.worker_state import WorkerState, request_id
 from serving.engines.base import EngineResult
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -40,6 +40,23 @@ def test_the_heartbeat_names_claimed_and_prefetched_chunks(runtime_factory):
         runtime.ledger.drop(17)
 
     assert Worker.objects.get(name=runtime.name).held_chunks == [17, 4242]
+
+
+def test_the_heartbeat_tells_where_its_engine_is_in_each_chunk(runtime_factory, monkeypatch):
+    """Worker.chunk_tails, from what the engine tells of each request in it
+    (Engine.progress, vLLM's: tests/inference/test_vllm_engine.py): per chunk, its
+    requests in the engine and the most tokens one may still generate, None when
+    one has no limit; empty from an engine that tells nothing (the simulated one)."""
+    runtime = runtime_factory()
+    runtime.heartbeat.beat_once()
+    assert Worker.objects.get(name=runtime.name).chunk_tails == {}
+
+    told = {request_id("batch_x", 3, 0, 1): (5, 24), request_id("batch_x", 3, 7, 1): (20, 32),
+            request_id("batch_x", 4, 0, 0): (2, None), request_id("batch_y", 3, 2, 0): (9, 8)}
+    monkeypatch.setattr(runtime.engines.engine, "progress", lambda: told)
+    runtime.heartbeat.beat_once()
+    assert Worker.objects.get(name=runtime.name).chunk_tails == {
+        "batch_x-3": [2, 19], "batch_x-4": [1, None], "batch_y-3": [1, 0]}
 
 
 def answered(*answers: tuple[int, int, int]) -> tuple[list[EngineResult], Usage]:

@@ -347,6 +347,47 @@ def test_cancelling_generate_aborts_the_request_in_the_engine(vllm: EngineHarnes
     assert after.error is None
 
 
+def test_the_engine_tells_each_request_s_tokens_while_it_runs(vllm: EngineHarness) -> None:
+    # What the ETA starts a chunk's requests in the engine from (Engine.progress,
+    # Worker.chunk_tails): each request under its own id, whichever serving class
+    # named it in the engine, with its tokens so far and its limit, read off the
+    # engine loop as the heartbeat does.
+    engine = vllm.engine
+    chat = chat_request("Write a long story about a dragon.", max_tokens=120)
+    completion = completion_request("Once upon a time", max_tokens=100)
+    responses = EngineRequest(request_id=f"req-{next(_ids)}", custom_id="r",
+                              endpoint="/v1/responses",
+                              body={"model": DEFAULT_MODEL_NAME, "input": "Tell a long tale.",
+                                    "max_output_tokens": 80})
+    limits = {chat.request_id: 120, completion.request_id: 100, responses.request_id: 80}
+    seen: list[dict] = []
+
+    def read() -> bool:  # on this thread, as the heartbeat's
+        now = engine.progress()
+        seen.append(now)
+        return set(now) == set(limits) and all(tokens >= 3 for tokens, _ in now.values())
+
+    async def run() -> list[EngineResult]:
+        tasks = [asyncio.create_task(engine.generate(r)) for r in (chat, completion, responses)]
+        return await asyncio.gather(*tasks)
+
+    future = asyncio.run_coroutine_threadsafe(run(), vllm.loop.loop)
+    deadline = time.monotonic() + 120
+    while not read():
+        assert time.monotonic() < deadline and not future.done(), seen[-3:]
+        time.sleep(0.05)
+    assert {ours: limit for ours, (_, limit) in seen[-1].items()} == limits
+    results = future.result(300)
+    assert all(result.error is None for result in results), results
+    # Tokens only grow, and none is told past its answer.
+    answered = {r.request_id: result.completion_tokens
+                for r, result in zip((chat, completion, responses), results, strict=True)}
+    for ours in limits:
+        told = [now[ours][0] for now in seen if ours in now]
+        assert told == sorted(told) and told[-1] <= answered[ours]
+    assert engine.progress() == {}
+
+
 def test_sleep_mode_is_asked_of_vllm_only_where_the_platform_offers_it():
     """Multiplexing asks for sleep mode (EngineConfig.sleep_mode); the CPU build has
     none (vLLM's is_sleep_mode_available), so its swaps stop and start the engine."""
