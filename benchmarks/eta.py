@@ -311,6 +311,33 @@ def errors(batches: list[Watched]) -> tuple[dict[str, list[float]], list[dict],
     return found, detail, settled, signed
 
 
+LAST_MINUTE = ((5, 15), (15, 30), (30, 60))  # seconds left at a reading
+
+
+def last_minute(batches: list[Watched]) -> dict[str, dict]:
+    """The ETA a batch shows in its last minute, every poll of it: per band of
+    seconds left, the median of |ETA - completed_at| / (completed_at - reading) and
+    the signed median in seconds. A user watching a batch finish reads these; the
+    points above read none of them."""
+    found: dict[str, list[tuple[float, float]]] = {f"{lo}-{hi}s": [] for lo, hi in LAST_MINUTE}
+    for batch in batches:
+        real = batch.final.get("completed_at") if batch.final else None
+        if real is None or batch.final["status"] != "completed":
+            continue
+        for at, status, _, _, eta in batch.samples:
+            left = real - at
+            for lo, hi in LAST_MINUTE:
+                if eta is not None and status not in TERMINAL and lo <= left < hi:
+                    found[f"{lo}-{hi}s"].append((abs(eta - real) / left, eta - real))
+    result = {band: {"n": len(v), "median": median([e for e, _ in v]),
+                     "signed_s": median([s for _, s in v])} for band, v in found.items()}
+    print_table("The ETA in a batch's last minute (every poll; |ETA - end| / time left, "
+                "and ETA - end in seconds)", ["time left", "readings", "median", "signed (s)"],
+                [[band, row["n"], row["median"], row["signed_s"]]
+                 for band, row in result.items()])
+    return result
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -428,6 +455,7 @@ def accuracy(work: Path, args, root: Path = ROOT, label: str = "this") -> dict:
             "points": summary(found, settled, signed, f"{label} ({root.name}; {args.engine}, "
                               f"{args.workers} workers, seed {args.seed}, {wall:.0f} s)"),
             "batches": detail, "cost_left": cost_left(trace.costs, label),
+            "last_minute": last_minute(list(watched.values())),
             "errors": {point: [round(e, 4) for e in v] for point, v in found.items()},
             "settled": {point: [round(e, 4) for e in v] for point, v in settled.items()},
             "signed": {point: [round(e, 4) for e in v] for point, v in signed.items()}}
