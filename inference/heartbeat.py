@@ -29,6 +29,7 @@ class Heartbeat:
         self.ledger = ledger
         # Run at every beat, before it (the storage probe, inference.storage_pause).
         self.at_beat: Callable[[], None] | None = None
+        self._progress_failed = False  # said once
 
     def start(self) -> None:
         threading.Thread(target=self._flush_forever, name="flusher", daemon=True).start()
@@ -49,7 +50,7 @@ class Heartbeat:
             in_flight=state.in_flight(idle=slots.active == 0, bound=slots.tokens_active),
             prompt_weight=state.engine_prompt_weight(),
             storage_error=state.storage_error, held_chunks=self.held_chunk_ids(),
-            chunk_tails=chunk_tails({} if engines.engine is None else engines.engine.progress()),
+            chunk_tails=chunk_tails(self.progress()),
             admission=None if engines.engine is None else engines.engine.admission,
             max_context_length=(engines.engine.max_context_length
                                 if engines.engine is not None and state.ready.is_set() else 0),
@@ -62,6 +63,20 @@ class Heartbeat:
         except Exception as exc:
             if not noted_outage(exc):
                 logger.exception("heartbeat failed; retrying")
+
+    def progress(self) -> dict[str, tuple[int, int | None]]:
+        """The engine's requests as it tells them (Engine.progress), for the ETA only:
+        a failure to read them is said once and beats without them, never costs the
+        beat that keeps the worker live."""
+        engine = self.engines.engine
+        try:
+            return {} if engine is None else engine.progress()
+        except Exception:
+            if not self._progress_failed:
+                self._progress_failed = True
+                logger.warning("reading the engine's requests for the ETA failed; "
+                               "heartbeats go on without them", exc_info=True)
+            return {}
 
     def held_chunk_ids(self) -> list[int]:
         """The chunks this worker holds: those claimed (the ledger's) and those whose

@@ -432,6 +432,18 @@ def test_a_chunk_all_in_the_engine_stays_for_the_steps_its_longest_has_left():
                               1.0)["a"] == pytest.approx(14)
 
 
+def test_the_steps_left_are_not_counted_off_twice_with_the_work_done():
+    # 64 requests of 10 steps in 64 slots, nothing behind them, half done: the
+    # worker says 320 of their 640 units are done (Held.done) and that each has 5
+    # steps left at most (Held.left_steps). Full slots for 5 steps of 64 units:
+    # 320 s, told either way; both counted off read 160.
+    loads = [Load("a", 640.0, cost=10.0, steps=10.0)]
+    for told in ({0: 5.0}, {}):
+        held = Held(3, (("a", 640.0),), slots=64, done=320.0, left_steps=told)
+        assert chunk_finish_times(loads, Dispatch(workers=(held,)), 1.0) == \
+            pytest.approx({"a": 320})
+
+
 def test_the_chunk_play_follows_the_shares_it_is_given():
     # Two batches with 4 chunks of one request each, one worker, a window of one:
     # equal shares alternate them; "b" with three times the share goes three to one.

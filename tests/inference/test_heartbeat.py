@@ -59,6 +59,31 @@ def test_the_heartbeat_tells_where_its_engine_is_in_each_chunk(runtime_factory, 
         "batch_x-3": [2, 19], "batch_x-4": [1, None], "batch_y-3": [1, 0]}
 
 
+def test_an_engine_that_cannot_tell_its_requests_costs_the_heartbeat_nothing(
+        runtime_factory, monkeypatch, caplog):
+    """Engine.progress is for the ETA: when it raises, the worker still beats (its
+    liveness, its held chunks) without it, and says so once at WARNING."""
+    runtime = runtime_factory()
+
+    def broken():
+        raise RuntimeError("dictionary changed size during iteration")
+
+    monkeypatch.setattr(runtime.engines.engine, "progress", broken)
+    runtime.ledger.hold(17)
+    try:
+        with caplog.at_level(logging.WARNING, logger="batchgen.inference"):
+            runtime.heartbeat.beat()
+            runtime.heartbeat.beat()
+    finally:
+        runtime.ledger.drop(17)
+
+    row = Worker.objects.get(name=runtime.name)
+    assert (row.held_chunks, row.chunk_tails) == ([17], {})
+    said = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.levelno for r in said] == [logging.WARNING]
+    assert "reading the engine's requests" in said[0].getMessage()
+
+
 def answered(*answers: tuple[int, int, int]) -> tuple[list[EngineResult], Usage]:
     """Results of (prompt tokens, completion tokens, cached prompt tokens), and their
     answers' usage summed, as a chunk's flush hands them to WorkerState.count."""
