@@ -601,7 +601,7 @@ class _ChunkPlay:
         (3 %) without (docs/benchmarks.md, "The work in the engine"). Nor where the
         worker tells its chunks' steps left (Held.left_steps): those close from what
         each has left already, and counting the work done off as well read a chunk
-        half done at a quarter of its time left."""
+        half done at half its time left."""
         follows = self.queue or self.pending or \
             sum(work / self.cost(batch) for batch, work in held.chunks) > held.slots
         return 0.0 if follows or held.left_steps else held.done
