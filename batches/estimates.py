@@ -54,7 +54,7 @@ from django.db.models import Count, F, Sum
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from batches import deadlines, eta
+from batches import deadlines, eta, eta_record
 from batches.dispatch import MIN_WINDOW, _model_filter, chunk_model, starting_pass
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, ModelThroughput
 from core.transient import retry_transient
@@ -330,8 +330,8 @@ def open_chunks() -> dict[str, OpenChunks]:
 
 
 def play(loads: list[eta.Load], chunks: OpenChunks, measured: ModelThroughput,
-         passes: dict[str, float],
-         workers: dict[str, fleet_selectors.WorkerWork]) -> dict[str, float]:
+         passes: dict[str, float], workers: dict[str, fleet_selectors.WorkerWork],
+         at: float | None = None) -> dict[str, float]:
     """Seconds until each batch's work on `model` is done: the chunk play (eta.
     chunk_finish_times) under the shares dispatch applies (the deadline policy's, or
     fair share with it off), at one worker's measured rate over the model's live
@@ -339,7 +339,8 @@ def play(loads: list[eta.Load], chunks: OpenChunks, measured: ModelThroughput,
     engines did of the requests they run now counted off while nothing follows
     those (in cost units at the model's prompt weight; eta._ChunkPlay.counted_off),
     and a chunk all in its worker's engine ended as its longest request will
-    (WorkerWork.tails, eta.Held.left_steps)."""
+    (WorkerWork.tails, eta.Held.left_steps). A refresh's play, made `at` (Unix
+    seconds), is recorded where BATCHGEN_ETA_RECORD says (batches/eta_record.py)."""
     slots = {worker: seen.slots for worker, seen in workers.items()}
     rate = measured.rate
     one = rate / max(len(slots), 1)
@@ -349,9 +350,15 @@ def play(loads: list[eta.Load], chunks: OpenChunks, measured: ModelThroughput,
     in_flight = {worker: seen.output_in_flight + measured.prompt_weight * seen.prompt_in_flight
                  for worker, seen in workers.items()}
     tails = {worker: seen.tails or {} for worker, seen in workers.items()}
-    played = eta.chunk_finish_times(
-        loads, chunks.dispatch(loads, slots, passes, in_flight, tails), one, shares)
-    return {batch_id: seconds + delay for batch_id, seconds in played.items()}
+    state = chunks.dispatch(loads, slots, passes, in_flight, tails)
+    played = {batch_id: seconds + delay for batch_id, seconds in
+              eta.chunk_finish_times(loads, state, one, shares).items()}
+    if at is not None and settings.BATCHGEN_ETA_RECORD:
+        eta_record.write(settings.BATCHGEN_ETA_RECORD, eta_record.Recorded(
+            at=at, model=measured.model, one=one, rate=rate, delay=delay,
+            policy=settings.BATCHGEN_DEADLINE_POLICY, loads=tuple(loads), state=state,
+            played=played))
+    return played
 
 
 # The control worker's threads take turns to refresh, the beat's tick and those an
@@ -411,7 +418,7 @@ def _refresh(now: datetime, *, observe: bool) -> int:
         risky.update(load.batch_id for load in loads if deadlines.at_risk(load, measured.rate))
         played = play(loads, chunks, measured,
                       {batch_id: batches[batch_id][12] for batch_id in chunks.left
-                       if batch_id in batches}, work.get(model, {}))
+                       if batch_id in batches}, work.get(model, {}), at=now.timestamp())
         for batch_id, seconds in played.items():
             if finish.get(batch_id, 0.0) is not None:  # of several models: the last one's
                 finish[batch_id] = max(finish.get(batch_id) or 0.0, seconds)

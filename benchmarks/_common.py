@@ -125,7 +125,7 @@ def write_results(name: str, data: dict) -> Path:
         machine["uncommitted_changes_at_start"] = _STARTED["uncommitted_changes"]
     payload = {"benchmark": name, "machine": machine, **data}
     path.write_text(json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
-    print(f"\nresults written to {path.relative_to(ROOT)}")
+    print(f"\nresults written to {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
     return path
 
 

@@ -39,6 +39,10 @@ short batch misses).
         --only accuracy --workers 1 --slots 64 --batches 10 --largest 600 --arrivals 150 \\
         --kinds 8,16,32 --timeout 1500 --seed 2     # larger batches on the real engine, ~8 min
 
+`--record PREFIX` has the server write every refresh's play (BATCHGEN_ETA_RECORD) and
+this script every poll: benchmarks/eta_replay.py plays them again with another
+version of the play, in seconds, on the run's own states.
+
 benchmarks/eta_model.py is the discrete-event model of the same questions (no
 processes, a minute, deterministic): the policy's quick check while changing it.
 """
@@ -46,6 +50,7 @@ processes, a minute, deterministic): the policy's quick check while changing it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -154,7 +159,7 @@ class Fleet:
 
 
 def start_fleet(work: Path, args, *, policy: bool, port: int, name: str,
-                root: Path = ROOT) -> Fleet:
+                root: Path = ROOT, record: Path | None = None) -> Fleet:
     services.require("postgresql")
     services.require("rabbitmq")
     database_url, drop = fresh_postgres_database(services.POSTGRES_URL)
@@ -165,6 +170,8 @@ def start_fleet(work: Path, args, *, policy: bool, port: int, name: str,
                 "BATCHGEN_CHUNK_SIZE": str(args.chunk),
                 "BATCHGEN_MIN_COMPLETION_WINDOW_SECONDS": "30",
                 "BATCHGEN_DEADLINE_POLICY": "true" if policy else "false"}
+    if record:  # every refresh's play, for benchmarks/eta_replay.py
+        settings["BATCHGEN_ETA_RECORD"] = str(record.with_suffix(".jsonl"))
     if args.engine == "simulated":
         settings |= {"BATCHGEN_SIM_TOKEN_LATENCY_MS": str(args.token_ms),
                      "BATCHGEN_ENGINE_ARGS": json.dumps({"answer_tokens": [8, 300]})}
@@ -373,6 +380,17 @@ class Trace:
              "chunks": self.chunks, "rates": self.rates, "costs": self.costs}))
 
 
+def write_polls(path: Path, watched: dict[str, Watched]) -> None:
+    """Every poll of every batch and how it ended, beside the server's recorded
+    plays (--record): what benchmarks/eta_replay.py reads the replayed ETAs at."""
+    path.write_text(json.dumps({"batches": [dataclasses.asdict(b) for b in watched.values()]}))
+
+
+def read_polls(path: Path) -> list[Watched]:
+    return [Watched(**{**batch, "samples": [tuple(s) for s in batch["samples"]]})
+            for batch in json.loads(path.read_text())["batches"]]
+
+
 def cost_left(samples: list[tuple[float, list[tuple]]], label: str) -> dict:
     """The output tokens of each batch's requests left when 10, 25 and 50 % of it
     was done, as the ETA would reckon them: at the mean of its answers so far, and
@@ -415,8 +433,9 @@ def cost_left(samples: list[tuple[float, list[tuple]]], label: str) -> dict:
 
 def accuracy(work: Path, args, root: Path = ROOT, label: str = "this") -> dict:
     rng = random.Random(args.seed)
+    record = args.record and Path(f"{args.record}-{label}-s{args.seed}").resolve()
     fleet = start_fleet(work, args, policy=True, port=args.port + (label != "this") * 10,
-                        name=f"accuracy-{label}", root=root)
+                        name=f"accuracy-{label}", root=root, record=record)
     try:
         clients = [Client(fleet.server.base_url, key) for key in fleet.keys]
         plan = []
@@ -451,6 +470,8 @@ def accuracy(work: Path, args, root: Path = ROOT, label: str = "this") -> dict:
     found, detail, settled, signed = errors(list(watched.values()))
     if args.trace:
         trace.write(f"{args.trace}-{label}.json", watched)
+    if record:
+        write_polls(record.with_suffix(".json"), watched)
     return {"checkout": str(root), "seed": args.seed, "wall_s": round(wall, 1),
             "points": summary(found, settled, signed, f"{label} ({root.name}; {args.engine}, "
                               f"{args.workers} workers, seed {args.seed}, {wall:.0f} s)"),
@@ -589,6 +610,9 @@ def main() -> None:
     parser.add_argument("--results", default="eta")
     parser.add_argument("--trace", help="write every reading to TRACE-LABEL.json, the "
                                         "server's log to TRACE-LABEL.log")
+    parser.add_argument("--record", help="record every ETA refresh's play to "
+                        "RECORD-LABEL-sSEED.jsonl (BATCHGEN_ETA_RECORD) and every poll to "
+                        "RECORD-LABEL-sSEED.json, for benchmarks/eta_replay.py")
     parser.add_argument("--baseline", type=Path,
                         help="another checkout (a worktree of an older commit) whose server "
                              "runs the same accuracy workload first, side by side")

@@ -270,6 +270,11 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
     Setting(None, "BATCHGEN_DEADLINE_POLICY", "true",
             "give batches that would miss their completion window more share, least "
             "slack first ('false': fair share alone)", kind=bool),
+    # A diagnostic: each refresh's chunk play, inputs and result, appended to this
+    # file (batches/eta_record.py) for benchmarks/eta_replay.py to play again.
+    Setting(None, "BATCHGEN_ETA_RECORD", "",
+            "append each ETA refresh's play, inputs and result, to this file as JSON "
+            "lines, for benchmarks/eta_replay.py (a diagnostic; empty: off)"),
     # OpenAI answers 200 to any window; a site that would rather refuse a window its
     # ETA cannot keep says so here (400 completion_window_infeasible).
     Setting("--strict-completion-window", "BATCHGEN_STRICT_COMPLETION_WINDOW", "false",

@@ -1,0 +1,122 @@
+"""The ETAs of recorded runs, played again by this checkout's chunk play.
+
+`benchmarks/eta.py --record PREFIX` has the server write every refresh's play, its
+inputs and result (BATCHGEN_ETA_RECORD, batches/eta_record.py), and itself every
+poll of every batch. This script plays each refresh's inputs again with this
+checkout's batches/eta.py and reads the ETAs at the polls as eta.py reads the API's:
+the same points (queued, 10 %, 25 %, 50 % done), the same errors against the
+batches' real completion, pooled over the runs given, beside what the server played
+in the run and what the API showed. So a change to the play is measured on real
+runs' states in seconds, side by side with the code that ran, where a run of the
+real engine takes a quarter of an hour and moves with this machine's speed.
+
+What it cannot replay: anything before the play (the rate, the prompt weight, the
+loads' costs, where the chunks were). Those are the recorded inputs; a change there
+needs a run.
+
+    .venv/bin/python benchmarks/eta.py --engine vllm --only accuracy --workers 1 \\
+        --slots 64 --batches 10 --largest 600 --arrivals 150 --kinds 8,16,32 \\
+        --timeout 1500 --seed 8 --record /tmp/rec/run      # writes run-this-s8.json{,l}
+    .venv/bin/python benchmarks/eta_replay.py /tmp/rec/run-this-s8 /tmp/rec/run-this-s9
+    .venv/bin/python benchmarks/eta_replay.py /tmp/rec/run-this-s8 --next   # the
+        # first refresh after each poll, not the one before it (the API's)
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import os
+import sys
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import mark_start, write_results  # noqa: E402
+from eta import POINTS, TERMINAL, Watched, errors, last_minute, read_polls, summary  # noqa: E402
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batchgen_site.settings")
+import django  # noqa: E402
+
+django.setup()  # for the refresh's own rule of when an ETA moved enough to be written
+from batches import eta_record  # noqa: E402
+from batches.estimates import MOVED, MOVED_FRACTION  # noqa: E402
+
+Plays = list[tuple[float, dict[str, float]]]  # (refresh, batch -> seconds), oldest first
+
+
+def refreshes(recorded: list[eta_record.Recorded],
+              play: Callable[[eta_record.Recorded], dict[str, float]]) -> Plays:
+    """Each refresh's ETAs (Unix seconds) as `play` makes them of its models' plays,
+    a batch of several models at its last one's; a batch played at an earlier refresh
+    and at none of this one's models is finalizing: its ETA is now. A value is kept
+    until one moved by MOVED or MOVED_FRACTION of the time left, as the refresh
+    writes them."""
+    by_refresh: dict[float, dict[str, float]] = defaultdict(dict)
+    for one in recorded:
+        found = by_refresh[one.at]
+        for batch, seconds in play(one).items():
+            found[batch] = max(found.get(batch, 0.0), seconds)
+    out: Plays = []
+    shown: dict[str, float] = {}
+    for at in sorted(by_refresh):
+        for batch in shown:
+            by_refresh[at].setdefault(batch, 0.0)
+        for batch, seconds in by_refresh[at].items():
+            estimate, was = at + seconds, shown.get(batch)
+            if was is None or abs(estimate - was) >= max(MOVED.total_seconds(),
+                                                        seconds * MOVED_FRACTION):
+                shown[batch] = estimate
+        out.append((at, dict(shown)))
+    return out
+
+
+def reread(batches: list[Watched], plays: Plays, *, after: bool) -> list[Watched]:
+    """The batches as polled, each poll's ETA the one `plays` showed then: of the
+    last refresh before the poll (as the API), or of the first after it (`after`)."""
+    times = [at for at, _ in plays]
+    out = []
+    for batch in batches:
+        samples = []
+        for at, status, done, total, _ in batch.samples:
+            place = bisect.bisect_left(times, at) if after else bisect.bisect_right(times, at) - 1
+            shown = plays[place][1] if 0 <= place < len(plays) else {}
+            estimate = shown.get(batch.id)
+            samples.append((at, status, done, total,
+                            None if estimate is None or status in TERMINAL else estimate))
+        out.append(replace(batch, samples=samples))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", help="PREFIX of PREFIX.jsonl and PREFIX.json "
+                                                "(eta.py --record)")
+    parser.add_argument("--next", action="store_true",
+                        help="read the first refresh after each poll, not the one before it")
+    parser.add_argument("--results", default="eta-replay")
+    args = parser.parse_args()
+    mark_start()
+    ways: dict[str, list[Watched]] = {"api": [], "recorded": [], "replayed": []}
+    for prefix in args.runs:
+        recorded = eta_record.read(f"{prefix}.jsonl")
+        polled = read_polls(Path(f"{prefix}.json"))
+        ways["api"] += polled
+        ways["recorded"] += reread(polled, refreshes(recorded, lambda one: one.played),
+                                   after=args.next)
+        ways["replayed"] += reread(polled, refreshes(recorded, eta_record.Recorded.replay),
+                                   after=args.next)
+    results: dict = {"options": vars(args)}
+    for way, batches in ways.items():
+        found, _, settled, signed = errors(batches)
+        results[way] = {"points": summary(found, settled, signed,
+                                          f"{way}, {len(args.runs)} runs pooled"),
+                        "last_minute": last_minute(batches)}
+    results["goals"] = POINTS
+    write_results(args.results, results)
+
+
+if __name__ == "__main__":
+    main()

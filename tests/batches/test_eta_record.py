@@ -1,0 +1,76 @@
+"""The refresh's plays recorded for replay (BATCHGEN_ETA_RECORD, batches/eta_record.py):
+what is written plays again to the ETAs the refresh wrote. Run on PostgreSQL too."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from batches import estimates, eta, eta_record
+from batches.models import Batch
+from fleet.models import Worker
+from serving.model_info import served_model
+from tests.batches.test_estimates import eta_of, finish, live_workers, not_dispatched, running_on
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_refresh_s_play_is_recorded_and_plays_again_to_the_etas_it_wrote(
+        running_batch, settings, tmp_path):
+    """Two workers: one runs a chunk whose requests are all in its engine (its steps
+    left told), the other a chunk with some of its work done; a third batch waits
+    in the database. Each refresh appends one line for the model, whose play is the
+    ETAs written, and which this checkout's play makes again from the line alone."""
+    settings.BATCHGEN_ETA_RECORD = str(tmp_path / "plays.jsonl")
+    model = served_model().id
+    live_workers(2, model)
+    first, second = running_batch(6, chunk_size=2), running_batch(4, chunk_size=2)
+    waiting = not_dispatched(running_batch(8, chunk_size=2))
+    now = timezone.now()
+    finish(first, range(1), workers=["w0"], started=now - timedelta(seconds=20), seconds=10,
+           output_tokens=2 * 99)
+    running_on("w0", first, 1, now)
+    running_on("w1", second, 0, now - timedelta(seconds=2))
+    Worker.objects.filter(name="w0").update(chunk_tails={f"{first.id}-1": [2, 29]})
+    Worker.objects.filter(name="w1").update(tokens_in_flight=40)
+
+    estimates.estimates_refresh(now)
+    written = {batch.id: eta_of(batch, now) for batch in (first, second, waiting)}
+    estimates.estimates_refresh(now + timedelta(seconds=5))
+
+    plays = eta_record.read(settings.BATCHGEN_ETA_RECORD)
+    assert [(one.at, one.model) for one in plays] == [
+        (now.timestamp(), model), ((now + timedelta(seconds=5)).timestamp(), model)]
+    one = plays[0]
+    assert one.played == pytest.approx(written, abs=1e-3)
+    assert one.replay() == pytest.approx(one.played)
+    held = {held.chunks[0][0]: held for held in one.state.workers}
+    assert held[first.id].left_steps == {0: 30.0}  # the tails told, read back as ints
+    assert held[second.id].done > 0
+    assert one.state.pending == {waiting.id: (4, 8)}
+    assert {load.batch_id for load in one.loads} == {first.id, second.id, waiting.id}
+
+
+def test_a_recording_of_another_version_reads_what_this_one_knows(tmp_path):
+    """A load or a worker field this version lacks is left out; one the recording
+    lacks takes its default."""
+    path = tmp_path / "plays.jsonl"
+    eta_record.write(path, eta_record.Recorded(
+        at=1.0, model="m", one=1.0, rate=1.0, delay=0.0, policy=False,
+        loads=(eta.Load(batch_id="a", remaining=4.0, chunk=2.0),),
+        state=eta.Dispatch(workers=(eta.Held(threads=1, chunks=(("a", 2.0),), slots=1),),
+                           pending={"a": (1, 2)}),
+        played={"a": 4.0}))
+    lines = path.read_bytes().replace(b'"steps":null', b'"steps":null,"gone":1')
+    path.write_bytes(lines.replace(b'"slots":1,', b""))
+    assert b'"gone":1' in lines and b'"slots"' not in path.read_bytes()
+
+    (one,) = eta_record.read(path)
+
+    assert one.loads[0] == eta.Load(batch_id="a", remaining=4.0, chunk=2.0)
+    assert one.state.workers[0].slots == dataclasses.fields(eta.Held)[2].default == 1
+    assert one.replay() == pytest.approx({"a": 4.0})
+    assert Batch.objects.count() == 0
