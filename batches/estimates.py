@@ -357,7 +357,8 @@ def play(loads: list[eta.Load], chunks: OpenChunks, measured: ModelThroughput,
         eta_record.write(settings.BATCHGEN_ETA_RECORD, eta_record.Recorded(
             at=at, model=measured.model, one=one, rate=rate, delay=delay,
             policy=settings.BATCHGEN_DEADLINE_POLICY, loads=tuple(loads), state=state,
-            played=played))
+            played=played, prompt_weight=measured.prompt_weight,
+            spans=tuple(PROGRESS.spans.get(measured.model, ()))))
     return played
 
 

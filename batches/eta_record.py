@@ -41,6 +41,11 @@ class Recorded:
     loads: tuple[eta.Load, ...]
     state: eta.Dispatch
     played: dict[str, float]  # batch -> seconds until its work is done, delay included
+    # What the rate and the costs came from: a prompt token's worth in output tokens,
+    # and the model's recent intervals with work (estimates.Progress.spans: start,
+    # end, decode units, prompt tokens computed, worker-seconds busy).
+    prompt_weight: float = 0.0
+    spans: tuple[tuple[float, float, float, float, float], ...] = ()
 
     def replay(self) -> dict[str, float]:
         """The play of the same inputs by this checkout's eta module."""
@@ -80,7 +85,9 @@ def _parse(row: dict) -> Recorded:
     return Recorded(at=row["at"], model=row["model"], one=row["one"], rate=row["rate"],
                     delay=row["delay"], policy=row["policy"],
                     loads=tuple(eta.Load(**_known(eta.Load, load)) for load in row["loads"]),
-                    state=dispatch, played=row["played"])
+                    state=dispatch, played=row["played"],
+                    prompt_weight=row.get("prompt_weight", 0.0),
+                    spans=tuple(tuple(span) for span in row.get("spans", ())))
 
 
 def _known(kind: type, fields: dict) -> dict:

@@ -13,7 +13,14 @@ from batches import estimates, eta, eta_record
 from batches.models import Batch
 from fleet.models import Worker
 from serving.model_info import served_model
-from tests.batches.test_estimates import eta_of, finish, live_workers, not_dispatched, running_on
+from tests.batches.test_estimates import (
+    eta_of,
+    finish,
+    live_workers,
+    not_dispatched,
+    running_on,
+    worked,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -39,6 +46,7 @@ def test_a_refresh_s_play_is_recorded_and_plays_again_to_the_etas_it_wrote(
 
     estimates.estimates_refresh(now)
     written = {batch.id: eta_of(batch, now) for batch in (first, second, waiting)}
+    worked("w1", busy=5, requests=2, prompt=100, output=40)  # over the next 5 s
     estimates.estimates_refresh(now + timedelta(seconds=5))
 
     plays = eta_record.read(settings.BATCHGEN_ETA_RECORD)
@@ -52,6 +60,9 @@ def test_a_refresh_s_play_is_recorded_and_plays_again_to_the_etas_it_wrote(
     assert held[second.id].done > 0
     assert one.state.pending == {waiting.id: (4, 8)}
     assert {load.batch_id for load in one.loads} == {first.id, second.id, waiting.id}
+    assert one.prompt_weight == 0.0 and one.spans == ()  # nothing measured before it
+    assert plays[1].spans == ((now.timestamp(), (now + timedelta(seconds=5)).timestamp(),
+                               42.0, 100.0, 5.0),)
 
 
 def test_a_recording_of_another_version_reads_what_this_one_knows(tmp_path):
