@@ -16,6 +16,7 @@ This module and eta/deadlines are plain Python: the replay needs no Django.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from dataclasses import dataclass
 from functools import partial
@@ -25,7 +26,9 @@ import orjson
 
 from batches import deadlines, eta
 
+logger = logging.getLogger(__name__)
 _WRITING = threading.Lock()
+_FAILED: set[str] = set()  # the paths said to fail, once each
 
 
 @dataclass(frozen=True)
@@ -56,11 +59,20 @@ class Recorded:
 
 
 def write(path: str | Path, recorded: Recorded) -> None:
-    """Append `recorded` to the file at `path` as one JSON line."""
+    """Append `recorded` to the file at `path` as one JSON line. A file that cannot
+    be written is said once, at WARNING, and the refresh goes on without it: a
+    diagnostic never costs the ETAs."""
     line = orjson.dumps(dataclasses.asdict(recorded),
                         option=orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE)
-    with _WRITING, open(path, "ab") as out:
-        out.write(line)
+    with _WRITING:
+        try:
+            with open(path, "ab") as out:
+                out.write(line)
+        except OSError as error:
+            if str(path) not in _FAILED:
+                _FAILED.add(str(path))
+                logger.warning("cannot record the ETA's plays to %s (BATCHGEN_ETA_RECORD): "
+                               "%s", path, error)
 
 
 def read(path: str | Path) -> list[Recorded]:

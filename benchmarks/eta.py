@@ -171,7 +171,7 @@ def start_fleet(work: Path, args, *, policy: bool, port: int, name: str,
                 "BATCHGEN_MIN_COMPLETION_WINDOW_SECONDS": "30",
                 "BATCHGEN_DEADLINE_POLICY": "true" if policy else "false"}
     if record:  # every refresh's play, for benchmarks/eta_replay.py
-        settings["BATCHGEN_ETA_RECORD"] = str(record.with_suffix(".jsonl"))
+        settings["BATCHGEN_ETA_RECORD"] = f"{record}.jsonl"
     if args.engine == "simulated":
         settings |= {"BATCHGEN_SIM_TOKEN_LATENCY_MS": str(args.token_ms),
                      "BATCHGEN_ENGINE_ARGS": json.dumps({"answer_tokens": [8, 300]})}
@@ -471,7 +471,7 @@ def accuracy(work: Path, args, root: Path = ROOT, label: str = "this") -> dict:
     if args.trace:
         trace.write(f"{args.trace}-{label}.json", watched)
     if record:
-        write_polls(record.with_suffix(".json"), watched)
+        write_polls(Path(f"{record}.json"), watched)
     return {"checkout": str(root), "seed": args.seed, "wall_s": round(wall, 1),
             "points": summary(found, settled, signed, f"{label} ({root.name}; {args.engine}, "
                               f"{args.workers} workers, seed {args.seed}, {wall:.0f} s)"),

@@ -85,3 +85,23 @@ def test_a_recording_of_another_version_reads_what_this_one_knows(tmp_path):
     assert one.state.workers[0].slots == dataclasses.fields(eta.Held)[2].default == 1
     assert one.replay() == pytest.approx({"a": 4.0})
     assert Batch.objects.count() == 0
+
+
+def test_a_recording_that_cannot_be_written_is_said_once_and_costs_no_eta(
+        running_batch, settings, tmp_path, caplog):
+    """A path in no directory: the refreshes write their ETAs as without the
+    setting, and one WARNING names the setting."""
+    settings.BATCHGEN_ETA_RECORD = str(tmp_path / "gone" / "plays.jsonl")
+    model = served_model().id
+    live_workers(1, model)
+    batch = running_batch(4, chunk_size=2)
+    now = timezone.now()
+    finish(batch, range(1), workers=["w0"], started=now - timedelta(seconds=20), seconds=10)
+
+    estimates.estimates_refresh(now)
+    estimates.estimates_refresh(now + timedelta(seconds=5))
+
+    assert eta_of(batch, now) > 0
+    said = [r for r in caplog.records if "BATCHGEN_ETA_RECORD" in r.getMessage()]
+    assert [r.levelname for r in said] == ["WARNING"]
+    assert not (tmp_path / "gone").exists()
