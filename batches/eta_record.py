@@ -16,6 +16,7 @@ This module and eta/deadlines are plain Python: the replay needs no Django.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import logging
 import threading
 from dataclasses import dataclass
@@ -76,10 +77,11 @@ def write(path: str | Path, recorded: Recorded) -> None:
 
 
 def read(path: str | Path) -> list[Recorded]:
-    """Every play recorded in the file at `path`, oldest first. Fields a load or a
-    worker of another version had and this one has not are left out; those this
-    one has and the recording has not take their defaults."""
-    with open(path, "rb") as recording:
+    """Every play recorded in the file at `path` (gzip'd where it ends in .gz),
+    oldest first. Fields a load or a worker of another version had and this one has
+    not are left out; those this one has and the recording has not take their
+    defaults."""
+    with (gzip.open if str(path).endswith(".gz") else open)(path, "rb") as recording:
         return [_parse(orjson.loads(line)) for line in recording if line.strip()]
 
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import json
 import math
 import random
@@ -387,8 +388,10 @@ def write_polls(path: Path, watched: dict[str, Watched]) -> None:
 
 
 def read_polls(path: Path) -> list[Watched]:
+    """write_polls' batches again (from a gzip'd file where the name ends in .gz)."""
+    text = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text()
     return [Watched(**{**batch, "samples": [tuple(s) for s in batch["samples"]]})
-            for batch in json.loads(path.read_text())["batches"]]
+            for batch in json.loads(text)["batches"]]
 
 
 def cost_left(samples: list[tuple[float, list[tuple]]], label: str) -> dict:

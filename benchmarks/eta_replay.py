@@ -20,6 +20,8 @@ needs a run.
     .venv/bin/python benchmarks/eta_replay.py /tmp/rec/run-this-s8 /tmp/rec/run-this-s9
     .venv/bin/python benchmarks/eta_replay.py /tmp/rec/run-this-s8 --next   # the
         # first refresh after each poll, not the one before it (the API's)
+    .venv/bin/python benchmarks/eta_replay.py benchmarks/results/eta-recordings/vllm-s{8,9,10,11}
+        # the four real-engine runs of 2026-12-07, kept gzip'd: a change replayed at once
 """
 
 from __future__ import annotations
@@ -90,6 +92,12 @@ def reread(batches: list[Watched], plays: Plays, *, after: bool) -> list[Watched
     return out
 
 
+def recording_file(prefix: str, suffix: str) -> Path:
+    """PREFIX + suffix, or the same gzip'd (the runs kept in benchmarks/results/)."""
+    path = Path(prefix + suffix)
+    return path if path.exists() else Path(f"{path}.gz")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="PREFIX of PREFIX.jsonl and PREFIX.json "
@@ -101,8 +109,8 @@ def main() -> None:
     mark_start()
     ways: dict[str, list[Watched]] = {"api": [], "recorded": [], "replayed": []}
     for prefix in args.runs:
-        recorded = eta_record.read(f"{prefix}.jsonl")
-        polled = read_polls(Path(f"{prefix}.json"))
+        recorded = eta_record.read(recording_file(prefix, ".jsonl"))
+        polled = read_polls(recording_file(prefix, ".json"))
         ways["api"] += polled
         ways["recorded"] += reread(polled, refreshes(recorded, lambda one: one.played),
                                    after=args.next)

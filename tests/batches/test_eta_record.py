@@ -4,6 +4,7 @@ what is written plays again to the ETAs the refresh wrote. Run on PostgreSQL too
 from __future__ import annotations
 
 import dataclasses
+import gzip
 from datetime import timedelta
 
 import pytest
@@ -105,3 +106,19 @@ def test_a_recording_that_cannot_be_written_is_said_once_and_costs_no_eta(
     said = [r for r in caplog.records if "BATCHGEN_ETA_RECORD" in r.getMessage()]
     assert [r.levelname for r in said] == ["WARNING"]
     assert not (tmp_path / "gone").exists()
+
+
+def test_a_gzipped_recording_reads_as_the_plain_one(tmp_path):
+    """The runs kept in benchmarks/results/eta-recordings are gzip'd."""
+    path = tmp_path / "plays.jsonl"
+    for at in (1.0, 6.0):
+        eta_record.write(path, eta_record.Recorded(
+            at=at, model="m", one=2.0, rate=2.0, delay=0.0, policy=True,
+            loads=(eta.Load(batch_id="a", remaining=4.0, chunk=2.0, time_left=60.0),),
+            state=eta.Dispatch(workers=(eta.Held(threads=1),), pending={"a": (2, 4)}),
+            played={"a": 2.0}, spans=((0.0, 1.0, 2.0, 3.0, 1.0),)))
+    zipped = tmp_path / "plays.jsonl.gz"
+    zipped.write_bytes(gzip.compress(path.read_bytes()))
+
+    assert eta_record.read(zipped) == eta_record.read(path)
+    assert [one.at for one in eta_record.read(zipped)] == [1.0, 6.0]
