@@ -74,11 +74,6 @@ COLUMNS = ("id", "priority", "owner_id", "owner__weight", "expires_at", "complet
            "output_limit_done")
 # Finished batches the answer-length prior learns from, per model.
 PRIOR_BATCHES = 50
-# An estimate that moved less than this, or less than this fraction of the time it
-# still has to go, is not written again: a day-long batch's row is not rewritten
-# every 5 s for noise.
-MOVED = timedelta(seconds=1)
-MOVED_FRACTION = 0.01
 # The model's rate now: the cost units its workers did between refreshes (their
 # heartbeats carry their figures every few seconds), over the last PROGRESS_SECONDS
 # it had work, once PROGRESS_MIN seconds of them are in. Unlike the finished chunks'
@@ -430,8 +425,8 @@ def _refresh(now: datetime, *, observe: bool) -> int:
             now + timedelta(seconds=seconds)
         known, was_at_risk = row[8], row[9]
         if (estimate is None) != (known is None) or was_at_risk != (batch_id in risky) or (
-                estimate is not None and abs(estimate - known) >= max(
-                    MOVED, (estimate - now) * MOVED_FRACTION)):
+                estimate is not None and eta.moved((estimate - known).total_seconds(),
+                                                   seconds)):
             moved += Batch.objects.filter(id=batch_id, status=BatchStatus.IN_PROGRESS).update(
                 estimated_completion_at=estimate, at_risk=batch_id in risky)
     PROGRESS.refreshed = now.timestamp()  # once done: one that failed saw nothing

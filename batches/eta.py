@@ -69,6 +69,20 @@ class Load:
 ShareFunction = Callable[[Sequence[Load]], dict[str, float]]
 
 
+# An estimate that moved less than this many seconds, or less than this fraction of
+# the time it still has to go, is not written again: a day-long batch's row is not
+# rewritten every 5 s for noise.
+MOVED_SECONDS = 1.0
+MOVED_FRACTION = 0.01
+
+
+def moved(change: float, left: float) -> bool:
+    """Whether an estimate `left` seconds away that moved by `change` seconds is
+    written again (the refresh, batches/estimates.py; its replay,
+    benchmarks/eta_replay.py)."""
+    return abs(change) >= max(MOVED_SECONDS, left * MOVED_FRACTION)
+
+
 def fair_shares(loads: Sequence[Load]) -> dict[str, float]:
     """The dispatcher's shares (batches.dispatch.batch_shares): keys in proportion to
     their weights, a key's share split among its batches by priority."""

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import os
 import sys
 from collections import defaultdict
 from collections.abc import Callable
@@ -39,12 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import mark_start, write_results  # noqa: E402
 from eta import POINTS, TERMINAL, Watched, errors, last_minute, read_polls, summary  # noqa: E402
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "batchgen_site.settings")
-import django  # noqa: E402
-
-django.setup()  # for the refresh's own rule of when an ETA moved enough to be written
 from batches import eta_record  # noqa: E402
-from batches.estimates import MOVED, MOVED_FRACTION  # noqa: E402
+from batches.eta import moved  # noqa: E402
 
 Plays = list[tuple[float, dict[str, float]]]  # (refresh, batch -> seconds), oldest first
 
@@ -54,8 +49,7 @@ def refreshes(recorded: list[eta_record.Recorded],
     """Each refresh's ETAs (Unix seconds) as `play` makes them of its models' plays,
     a batch of several models at its last one's; a batch played at an earlier refresh
     and at none of this one's models is finalizing: its ETA is now. A value is kept
-    until one moved by MOVED or MOVED_FRACTION of the time left, as the refresh
-    writes them."""
+    until one moved enough (eta.moved), as the refresh writes them."""
     by_refresh: dict[float, dict[str, float]] = defaultdict(dict)
     for one in recorded:
         found = by_refresh[one.at]
@@ -68,8 +62,7 @@ def refreshes(recorded: list[eta_record.Recorded],
             by_refresh[at].setdefault(batch, 0.0)
         for batch, seconds in by_refresh[at].items():
             estimate, was = at + seconds, shown.get(batch)
-            if was is None or abs(estimate - was) >= max(MOVED.total_seconds(),
-                                                        seconds * MOVED_FRACTION):
+            if was is None or moved(estimate - was, seconds):
                 shown[batch] = estimate
         out.append((at, dict(shown)))
     return out

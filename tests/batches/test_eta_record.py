@@ -122,3 +122,16 @@ def test_a_gzipped_recording_reads_as_the_plain_one(tmp_path):
 
     assert eta_record.read(zipped) == eta_record.read(path)
     assert [one.at for one in eta_record.read(zipped)] == [1.0, 6.0]
+
+
+@pytest.mark.parametrize(("change", "left", "written"), [
+    (0.5, 10.0, False),      # under a second
+    (1.0, 10.0, True),
+    (-1.0, 10.0, True),      # earlier as well as later
+    (50.0, 86400.0, False),  # a day away: under 1 % of it
+    (900.0, 86400.0, True),
+])
+def test_an_estimate_is_written_again_once_it_moved_a_second_and_1_percent(change, left,
+                                                                           written):
+    """The rule the refresh writes by (eta.moved), which the replay applies too."""
+    assert eta.moved(change, left) is written
