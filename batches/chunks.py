@@ -39,11 +39,10 @@ from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from batches import intake, quotas
-from batches.dispatch import dispatch, publish_chunks, send_finalize, send_refresh
+from batches.dispatch import dispatch, publish_chunks, send_finalize
 from batches.locks import lock_ids
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus
 from batches.usage import USAGE_COLUMNS, USAGE_FIELDS, Usage
-from core.celery import CLOSE_REFRESH_SPACING
 from core.errors import StorageFull
 from core.transient import retry_transient
 from files import storage
@@ -362,9 +361,6 @@ def _after_flush(settled: list[str], released: list[tuple[str, int, int]],
         # A chunk thread is free: feed the next chunk, unless a dispatch runs already
         # (it, the next flush or the control worker's tick covers this one).
         dispatch(wait=False)
-    if closed:
-        # Where the chunk sat in the ETAs' play was a guess until now.
-        send_refresh(spacing=CLOSE_REFRESH_SPACING)
 
 
 def batches_without_open_chunks(batch_ids: Iterable[str]) -> list[str]:

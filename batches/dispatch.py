@@ -234,16 +234,11 @@ def send_validate(batch_id: str) -> None:
     publish("batches.validate_batch", (batch_id,), queue=QueueName.CONTROL.value)
 
 
-def send_refresh(spacing: float = 0.0, *, event: float | None = None,
-                 countdown: float = 0.0) -> None:
-    """Ask the control worker to refresh the ETAs (batches.estimates.
-    estimates_refresh_after) for an event the play cannot foresee: a batch
+def send_refresh() -> None:
+    """Ask the control worker to refresh the ETAs now (batches.estimates.
+    estimates_refresh_after), for an event the play cannot foresee: a batch
     admitted, whose work every other batch shares the model with, or one cancelled
-    or expired, whose share goes back to them, at once; a chunk's close, where it
-    sat in the play was a guess until then, within a `spacing` of the last refresh
-    (estimates.refresh_wait; a small batch's last minute is a few such closes).
-    `event` and `countdown`: a request deferred so, asked again. A message the
-    broker holds past its tick is dropped: the tick covers it."""
-    publish("batches.refresh_estimates", (event or time.time(), spacing),
-            queue=QueueName.CONTROL.value, countdown=countdown,
-            expires=2 * ESTIMATES_SECONDS + countdown)
+    or expired, whose share goes back to them. A message the broker holds past its
+    tick is dropped: the tick covers it."""
+    publish("batches.refresh_estimates", (time.time(),), queue=QueueName.CONTROL.value,
+            expires=2 * ESTIMATES_SECONDS)

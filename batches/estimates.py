@@ -371,31 +371,19 @@ def estimates_refresh(now: datetime | None = None) -> int:
         return _refresh(now or timezone.now(), observe=True)
 
 
-def refresh_wait(event: float, spacing: float, now: float) -> float | None:
-    """How long the refresh an event at `event` asked for (dispatch.send_refresh)
-    should wait, all in Unix seconds: None once a refresh began after the event
-    (it covers it), else what is left of `spacing` since the last one began. A
-    chunk's close asks with a spacing: a fleet whose chunks close several times a
-    second refreshes about once a spacing, and each close is in the ETAs within
-    about a spacing. An admission or a cancel asks with none: at once."""
-    if PROGRESS.refreshed >= event:
-        return None
-    return max(0.0, PROGRESS.refreshed + spacing - now)
-
-
 @retry_transient
 def estimates_refresh_after(event: float) -> int:
     """Refresh for what the play cannot foresee, a batch admitted, cancelled or
-    expired, or a chunk closed, at `event` (Unix seconds), unless a refresh began
-    after it: a burst of events costs about one refresh per refresh's time, not one
-    each. Without it every other batch's ETA, and the new batch's own, waited up to
-    a tick. It plays the tick's measurements again, without taking in the workers'
-    figures (the intervals the rate and the prompt fit learn from stay the tick's),
-    but in a process that has not measured yet. A publisher's clock ahead of this
-    one's costs a refresh more, one behind it at worst leaves the event to the next
+    expired at `event` (Unix seconds), unless a refresh began after it: a burst of
+    admissions costs about one refresh per refresh's time, not one each. Without it
+    every other batch's ETA, and the new batch's own, waited up to a tick. It plays the
+    tick's measurements again, without taking in the workers' figures (the
+    intervals the rate and the prompt fit learn from stay the tick's), but in a
+    process that has not measured yet. A publisher's clock ahead of this one's
+    costs a refresh more, one behind it at worst leaves the event to the next
     tick."""
     with REFRESHING:
-        if refresh_wait(event, 0.0, 0.0) is None:
+        if PROGRESS.refreshed >= event:
             return 0
         return _refresh(timezone.now(), observe=PROGRESS.at is None)
 

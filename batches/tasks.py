@@ -5,8 +5,6 @@ imports them. The services retry transient database errors themselves
 
 from __future__ import annotations
 
-import time
-
 from celery import shared_task
 
 from batches import availability, dispatch, estimates, recovery, residency, services
@@ -46,18 +44,11 @@ def dispatch_chunks() -> int:
 
 # A handful of queries plus a row per moved estimate (batches/estimates.py); a
 # refresh not run within its interval is covered by the next. The beat's tick
-# without arguments; with them, an event's: an admission, a cancel, a chunk's close
-# (dispatch.send_refresh).
+# without arguments; with one, an admission's or a cancel's (dispatch.send_refresh).
 @shared_task(name="batches.refresh_estimates", time_limit=60, expires=10)
-def refresh_estimates(after: float | None = None, spacing: float = 0.0) -> int:
+def refresh_estimates(after: float | None = None) -> int:
     if after is None:
         return estimates.estimates_refresh()
-    wait = estimates.refresh_wait(after, spacing, time.time())
-    if wait is None:
-        return 0
-    if wait > 0:  # asked again when the spacing is up; the closes meanwhile with it
-        dispatch.send_refresh(spacing, event=after, countdown=wait)
-        return 0
     return estimates.estimates_refresh_after(after)
 
 

@@ -77,9 +77,6 @@ app.conf.task_routes = {
 }
 WEBHOOK_SWEEP_SECONDS = value("BATCHGEN_WEBHOOK_SWEEP_SECONDS")
 ESTIMATES_SECONDS = 5.0  # the ETAs' refresh tick (batches/estimates.py)
-# A chunk's close asks for a refresh (batches.dispatch.send_refresh) unless one began
-# this recently: on a large fleet chunks close several times a second.
-CLOSE_REFRESH_SPACING = 1.0
 app.conf.beat_schedule = {
     # Chunks are dispatched as workers free up; this tick only covers lost events.
     "dispatch-chunks": {"task": "batches.dispatch_chunks", "schedule": 1.0},

@@ -10,9 +10,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from batches import chunks, dispatch, estimates, services, tasks
+from batches import chunks, dispatch, estimates, services
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, ModelThroughput
-from core.celery import CLOSE_REFRESH_SPACING
 from fleet import selectors as fleet_selectors
 from fleet.models import Worker
 from serving.model_info import served_model
@@ -235,58 +234,6 @@ def test_a_cancel_asks_for_a_refresh_which_measures_in_a_process_that_never_has(
     assert estimates.estimates_refresh_after(refreshes_asked(published)[-1]) == 1
     assert estimates.PROGRESS.at is not None
     assert eta_of(kept, timezone.now()) == pytest.approx(8, abs=0.5)
-
-
-def test_a_chunk_close_refreshes_the_etas_within_a_spacing_of_the_last_refresh(
-        running_batch, published, django_capture_on_commit_callbacks, monkeypatch):
-    """Where a chunk ends in the play is a guess until it closes: its close asks
-    for a refresh. One that begins less than a spacing after the last is asked
-    again when the spacing is up (the closes meanwhile share it); a refresh begun
-    after the close covers it."""
-    model = served_model().id
-    live_workers(1, model)
-    batch = running_batch(10, chunk_size=2)
-    now = timezone.now()
-    finish(batch, range(1), workers=["w0"], started=now - timedelta(seconds=4), seconds=2)
-    assert estimates.estimates_refresh() == 1  # the tick: 8 left at 1 a second
-    chunk = Chunk.objects.get(batch=batch, index=1)
-    Chunk.objects.filter(id=chunk.id).update(status=ChunkStatus.QUEUED)
-    assert chunks.chunk_claim(chunk_id=chunk.id, worker="w0")
-    # The next 2 requests, in the 2 s after the first chunk's.
-    Chunk.objects.filter(id=chunk.id).update(claimed_at=now - timedelta(seconds=2))
-    published.clear()
-
-    with django_capture_on_commit_callbacks(execute=True):
-        chunks.chunks_flush(worker="w0", closing={chunk.id: (2, 0)})
-
-    [(closed_at, spacing)] = [args for name, args in published
-                              if name == "batches.refresh_estimates"]
-    assert spacing == CLOSE_REFRESH_SPACING > 0
-    asked_again: list[tuple[float, float]] = []
-    monkeypatch.setattr(dispatch, "send_refresh", lambda spacing, *, event, countdown:
-                        asked_again.append((event, countdown)))
-    assert tasks.refresh_estimates(closed_at, spacing) == 0  # the tick was just now
-    [(event, countdown)] = asked_again
-    assert event == closed_at and 0 < countdown <= spacing
-    estimates.PROGRESS.refreshed -= spacing  # the spacing is up
-    assert tasks.refresh_estimates(event, spacing) == 1
-    assert eta_of(batch, timezone.now()) == pytest.approx(6, abs=0.5)
-    assert tasks.refresh_estimates(event, spacing) == 0  # covered
-    assert len(asked_again) == 1
-
-
-@pytest.mark.parametrize(("refreshed", "event", "now", "spacing", "wait"), [
-    (10.0, 9.0, 10.5, 1.0, None),  # a refresh began after the event: covered
-    (10.0, 10.0, 10.5, 1.0, None),
-    (10.0, 10.2, 10.5, 1.0, 0.5),  # the rest of the spacing
-    (10.0, 10.2, 11.5, 1.0, 0.0),  # the spacing is up: at once
-    (10.0, 10.2, 10.5, 0.0, 0.0),  # an admission or a cancel: at once
-    (0.0, 10.2, 10.5, 1.0, 0.0),  # a process that never refreshed
-])
-def test_how_long_an_event_s_refresh_waits(refreshed, event, now, spacing, wait, monkeypatch):
-    monkeypatch.setattr(estimates.PROGRESS, "refreshed", refreshed)
-    assert estimates.refresh_wait(event, spacing, now) == (
-        None if wait is None else pytest.approx(wait))
 
 
 def test_batches_that_expire_ask_for_one_refresh_and_leave_the_others_eta_at_once(
