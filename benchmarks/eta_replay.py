@@ -22,6 +22,9 @@ needs a run.
         # first refresh after each poll, not the one before it (the API's)
     .venv/bin/python benchmarks/eta_replay.py benchmarks/results/eta-recordings/vllm-s{8,9,10,11}
         # the four real-engine runs of 2026-12-07, kept gzip'd: a change replayed at once
+    .venv/bin/python benchmarks/eta_replay.py /tmp/rec/run-this-s8 --ticks-only
+        # the same run as a server refreshing only on its tick and at admissions
+        # would have shown it: the refreshes chunks' closes asked for left out
 """
 
 from __future__ import annotations
@@ -42,6 +45,39 @@ from batches import eta_record  # noqa: E402
 from batches.eta import moved  # noqa: E402
 
 Plays = list[tuple[float, dict[str, float]]]  # (refresh, batch -> seconds), oldest first
+TICK = 5.0  # the beat's refresh tick (core.celery.ESTIMATES_SECONDS)
+TICK_SLACK = 0.6  # how far from its place a tick's refresh may begin (a queue, a lock)
+
+
+def ticks_and_admissions(recorded: list[eta_record.Recorded]) -> set[float]:
+    """The refreshes of a run that a server refreshing only on its tick and at each
+    admission would have made too: those on the beat's cadence (each the one nearest
+    a tick after the one before it, the cadence taken up again after a gap), and the
+    first to play each batch. The recording does not say what asked for a refresh;
+    the closes' refreshes fall off the cadence but by chance (and then the tick's
+    own, nearer to it, is the one kept). The ticks' plays hold the same measurements
+    either way: the events' refreshes play the tick's again (estimates_refresh_after)."""
+    times = sorted({one.at for one in recorded})
+    kept = set(times[:1])
+    at = times[0] if times else 0.0
+    while True:
+        due = at + TICK
+        near = [t for t in times[bisect.bisect_left(times, due - TICK_SLACK):]
+                if t <= due + TICK_SLACK]
+        if near:
+            at = min(near, key=lambda t: abs(t - due))
+        else:
+            later = bisect.bisect_left(times, due + TICK_SLACK)
+            if later == len(times):
+                break
+            at = times[later]
+        kept.add(at)
+    seen: set[str] = set()
+    for one in sorted(recorded, key=lambda one: one.at):
+        if set(one.played) - seen:
+            kept.add(one.at)
+            seen.update(one.played)
+    return kept
 
 
 def refreshes(recorded: list[eta_record.Recorded],
@@ -97,12 +133,18 @@ def main() -> None:
                                                 "(eta.py --record)")
     parser.add_argument("--next", action="store_true",
                         help="read the first refresh after each poll, not the one before it")
+    parser.add_argument("--ticks-only", action="store_true",
+                        help="leave out the refreshes off the tick but admissions' (a "
+                             "chunk's close's): the run as a tick-only server showed it")
     parser.add_argument("--results", default="eta-replay")
     args = parser.parse_args()
     mark_start()
     ways: dict[str, list[Watched]] = {"api": [], "recorded": [], "replayed": []}
     for prefix in args.runs:
         recorded = eta_record.read(recording_file(prefix, ".jsonl"))
+        if args.ticks_only:
+            kept = ticks_and_admissions(recorded)
+            recorded = [one for one in recorded if one.at in kept]
         polled = read_polls(recording_file(prefix, ".json"))
         ways["api"] += polled
         ways["recorded"] += reread(polled, refreshes(recorded, lambda one: one.played),

@@ -135,3 +135,32 @@ def test_an_estimate_is_written_again_once_it_moved_a_second_and_1_percent(chang
                                                                            written):
     """The rule the refresh writes by (eta.moved), which the replay applies too."""
     assert eta.moved(change, left) is written
+
+
+def replay_script():
+    """benchmarks/eta_replay.py, as a module."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "eta_replay.py"
+    spec = importlib.util.spec_from_file_location("eta_replay", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_replay_tells_a_run_s_ticks_and_admissions_from_its_other_refreshes():
+    """`eta_replay.py --ticks-only` reads a run as a server refreshing only on its tick
+    and at admissions would have shown it: the refreshes on the 5 s cadence (taken up
+    again after a gap with nothing running), and the first to play each batch."""
+    def refresh(at: float, *batches: str) -> eta_record.Recorded:
+        return eta_record.Recorded(at=at, model="m", one=1.0, rate=1.0, delay=0.0,
+                                   policy=False, loads=(), state=eta.Dispatch(workers=()),
+                                   played=dict.fromkeys(batches, 1.0))
+
+    ticks = [100.0, 105.02, 110.01, 135.3, 140.28]  # nothing ran from 111 to 135
+    closes = [101.2, 106.0, 110.3, 141.0]  # 110.3: near the tick, the tick nearer
+    admitted = 107.5  # the first play of batch b
+    recorded = [refresh(at, "a") for at in ticks + closes] + [refresh(admitted, "a", "b")]
+
+    assert replay_script().ticks_and_admissions(recorded) == {*ticks, admitted}
