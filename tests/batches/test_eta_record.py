@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import importlib.util
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.utils import timezone
@@ -139,9 +141,6 @@ def test_an_estimate_is_written_again_once_it_moved_a_second_and_1_percent(chang
 
 def replay_script():
     """benchmarks/eta_replay.py, as a module."""
-    import importlib.util
-    from pathlib import Path
-
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "eta_replay.py"
     spec = importlib.util.spec_from_file_location("eta_replay", path)
     module = importlib.util.module_from_spec(spec)
