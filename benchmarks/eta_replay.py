@@ -25,6 +25,9 @@ needs a run.
     .venv/bin/python benchmarks/eta_replay.py /tmp/rec/run-this-s8 --ticks-only
         # the same run as a server refreshing only on its tick and at admissions
         # would have shown it: the refreshes chunks' closes asked for left out
+    .venv/bin/python benchmarks/eta_replay.py /tmp/rec/run-this-s11 --future-rate 120
+        # each refresh played at the rate its model's workers went on to do over the
+        # next 120 s (an oracle: what a perfect rate estimator could gain at most)
 """
 
 from __future__ import annotations
@@ -78,6 +81,35 @@ def ticks_and_admissions(recorded: list[eta_record.Recorded]) -> set[float]:
             kept.add(one.at)
             seen.update(one.played)
     return kept
+
+
+def span_rate(spans, prompt_weight: float) -> float | None:
+    """Cost units a worker-second over `spans` (Recorded.spans) at `prompt_weight`: as
+    batches/estimates.Progress.rate reckons one worker's rate from them."""
+    work = sum(decode + prompt_weight * prompt for _, _, decode, prompt, _ in spans)
+    busy = sum(span[4] for span in spans)
+    return work / busy if work > 0 and busy > 0 else None
+
+
+def future_rates(recorded: list[eta_record.Recorded],
+                 seconds: float) -> list[eta_record.Recorded]:
+    """Each refresh with its rates (one worker's and the model's) scaled to what the
+    model's workers did over the `seconds` after it, at its own prompt weight, from
+    the intervals the later refreshes recorded: an oracle no server has, which says
+    how much of the error a perfect rate would take away. A refresh recorded without
+    intervals, or with none after it, stays as it was."""
+    spans = sorted({span[:2]: span for one in recorded for span in one.spans}.values())
+    starts = [span[0] for span in spans]
+    out = []
+    for one in recorded:
+        own = span_rate(one.spans, one.prompt_weight)
+        ahead = [span for span in spans[bisect.bisect_left(starts, one.at - 1e-6):]
+                 if span[1] <= one.at + seconds]
+        later = span_rate(ahead, one.prompt_weight)
+        if own and later:
+            one = replace(one, one=one.one * later / own, rate=one.rate * later / own)
+        out.append(one)
+    return out
 
 
 def refreshes(recorded: list[eta_record.Recorded],
@@ -137,6 +169,9 @@ def main() -> None:
                         help="leave out the refreshes off the tick but admissions' (a "
                              "chunk's close's): the run as a tick-only server showed it "
                              "(the recorded and replayed reads; the API's stay as polled)")
+    parser.add_argument("--future-rate", type=float, metavar="SECONDS",
+                        help="play each refresh at the rate its workers did over the next "
+                             "SECONDS (runs recorded with their intervals; an oracle)")
     parser.add_argument("--results", default="eta-replay")
     args = parser.parse_args()
     mark_start()
@@ -146,6 +181,8 @@ def main() -> None:
         if args.ticks_only:
             kept = ticks_and_admissions(recorded)
             recorded = [one for one in recorded if one.at in kept]
+        if args.future_rate:
+            recorded = future_rates(recorded, args.future_rate)
         polled = read_polls(recording_file(prefix, ".json"))
         ways["api"] += polled
         ways["recorded"] += reread(polled, refreshes(recorded, lambda one: one.played),

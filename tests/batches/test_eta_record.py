@@ -163,3 +163,28 @@ def test_the_replay_tells_a_run_s_ticks_and_admissions_from_its_other_refreshes(
     recorded = [refresh(at, "a") for at in ticks + closes] + [refresh(admitted, "a", "b")]
 
     assert replay_script().ticks_and_admissions(recorded) == {*ticks, admitted}
+
+
+def test_the_replay_s_oracle_plays_each_refresh_at_the_rate_its_workers_went_on_to_do():
+    """`eta_replay.py --future-rate S`: a refresh's rates scaled by what the intervals
+    recorded after it did over the next S seconds against its own intervals, each at
+    that refresh's prompt weight; one with nothing recorded after it stays."""
+    def refresh(at: float, spans: tuple) -> eta_record.Recorded:
+        return eta_record.Recorded(
+            at=at, model="m", one=2.0, rate=4.0, delay=0.0, policy=False,
+            loads=(eta.Load(batch_id="a", remaining=8.0),),
+            state=eta.Dispatch(workers=(eta.Held(threads=1, chunks=(("a", 8.0),)),)),
+            played={"a": 4.0}, prompt_weight=0.5, spans=spans)
+
+    before = (-5.0, 0.0, 6.0, 8.0, 5.0)  # (6 + 0.5 * 8) / 5 = 2 units a worker-second
+    after = (0.0, 5.0, 16.0, 8.0, 5.0)  # (16 + 4) / 5 = 4
+    beyond = (5.0, 20.0, 60.0, 0.0, 10.0)  # ends past the next 10 s: not counted
+    recorded = [refresh(0.0, (before,)), refresh(5.0, (before, after)),
+                refresh(20.0, (after, beyond))]
+
+    first, second, last = replay_script().future_rates(recorded, 10.0)
+
+    assert (first.one, first.rate) == pytest.approx((4.0, 8.0))
+    assert first.replay() == pytest.approx({"a": 2.0})  # twice as fast: half the time
+    assert second == recorded[1]  # `beyond` ends 15 s after it
+    assert last == recorded[2]  # nothing after it
