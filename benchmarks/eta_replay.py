@@ -6,9 +6,11 @@ poll of every batch. This script plays each refresh's inputs again with this
 checkout's batches/eta.py and reads the ETAs at the polls as eta.py reads the API's:
 the same points (queued, 10 %, 25 %, 50 % done), the same errors against the
 batches' real completion, pooled over the runs given, beside what the server played
-in the run and what the API showed. So a change to the play is measured on real
-runs' states in seconds, side by side with the code that ran, where a run of the
-real engine takes a quarter of an hour and moves with this machine's speed.
+in the run and what the API showed, and each point's pooled median with its 90 %
+interval by resampling whole runs (`run_interval`). So a change to the play is
+measured on real runs' states in seconds, side by side with the code that ran, where
+a run of the real engine takes a quarter of an hour and moves with this machine's
+speed.
 
 What it cannot replay: anything before the play (the rate, the prompt weight, the
 loads' costs, where the chunks were). Those are the recorded inputs; a change there
@@ -34,6 +36,8 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import random
+import statistics
 import sys
 from collections import defaultdict
 from collections.abc import Callable
@@ -112,6 +116,22 @@ def future_rates(recorded: list[eta_record.Recorded],
     return out
 
 
+def run_interval(runs: list[list[float]], draws: int = 2000, seed: int = 1,
+                 level: float = 0.9) -> tuple[float, float] | None:
+    """The `level` interval of the pooled median of `runs` (each run's errors at one
+    point), by resampling whole runs with replacement: a run's readings move
+    together (its machine's speed that day, its batches' sizes), so resampling
+    readings one by one would read too narrow. None without two runs with errors."""
+    runs = [errors for errors in runs if errors]
+    if len(runs) < 2:
+        return None
+    rng = random.Random(seed)
+    medians = sorted(statistics.median([e for _ in runs for e in rng.choice(runs)])
+                     for _ in range(draws))
+    tail = (1 - level) / 2
+    return medians[int(tail * draws)], medians[min(int((1 - tail) * draws), draws - 1)]
+
+
 def refreshes(recorded: list[eta_record.Recorded],
               play: Callable[[eta_record.Recorded], dict[str, float]]) -> Plays:
     """Each refresh's ETAs (Unix seconds) as `play` makes them of its models' plays,
@@ -176,6 +196,7 @@ def main() -> None:
     args = parser.parse_args()
     mark_start()
     ways: dict[str, list[Watched]] = {"api": [], "recorded": [], "replayed": []}
+    per_run: dict[str, list[list[float]]] = {point: [] for point in POINTS}
     for prefix in args.runs:
         recorded = eta_record.read(recording_file(prefix, ".jsonl"))
         if args.ticks_only:
@@ -187,14 +208,22 @@ def main() -> None:
         ways["api"] += polled
         ways["recorded"] += reread(polled, refreshes(recorded, lambda one: one.played),
                                    after=args.next)
-        ways["replayed"] += reread(polled, refreshes(recorded, eta_record.Recorded.replay),
-                                   after=args.next)
+        replayed = reread(polled, refreshes(recorded, eta_record.Recorded.replay),
+                          after=args.next)
+        ways["replayed"] += replayed
+        for point, found in errors(replayed)[0].items():
+            per_run[point].append(found)
     results: dict = {"options": vars(args)}
     for way, batches in ways.items():
         found, _, settled, signed = errors(batches)
         results[way] = {"points": summary(found, settled, signed,
                                           f"{way}, {len(args.runs)} runs pooled"),
                         "last_minute": last_minute(batches)}
+    intervals = {point: run_interval(runs) for point, runs in per_run.items()}
+    results["replayed"]["median_90_by_runs"] = intervals
+    print("replayed, each point's pooled median, 90 % interval by resampling whole runs: "
+          + ", ".join(f"{point} {lo:.3f}-{hi:.3f}" for point, found in intervals.items()
+                      if found for lo, hi in [found]))
     results["goals"] = POINTS
     write_results(args.results, results)
 

@@ -188,3 +188,14 @@ def test_the_replay_s_oracle_plays_each_refresh_at_the_rate_its_workers_went_on_
     assert first.replay() == pytest.approx({"a": 2.0})  # twice as fast: half the time
     assert second == recorded[1]  # `beyond` ends 15 s after it
     assert last == recorded[2]  # nothing after it
+
+
+def test_the_replay_s_interval_resamples_whole_runs():
+    """A pooled median's interval by runs: a run of one reading counts as a run, so
+    its reading is the pooled median whenever it is drawn twice (a quarter of the
+    draws here), which resampling readings one by one would hide."""
+    interval = replay_script().run_interval
+
+    assert interval([[0.0] * 9, [1.0]]) == (0.0, 1.0)
+    assert interval([[0.1, 0.1, 0.1], [0.1, 0.1]]) == pytest.approx((0.1, 0.1))
+    assert interval([[0.1, 0.2], []]) is None  # one run with readings: no interval
