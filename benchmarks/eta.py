@@ -502,6 +502,28 @@ def summary(found: dict[str, list[float]], settled: dict[str, list[float]],
             for point, v in found.items()}
 
 
+def run_interval(runs: list[list[float]], draws: int = 2000, seed: int = 1,
+                 level: float = 0.9) -> tuple[float, float] | None:
+    """The `level` interval of the pooled median of `runs` (each run's errors at one
+    point), by resampling whole runs with replacement: a run's readings move
+    together (its machine's speed that day, its batches' sizes), so resampling
+    readings one by one would read too narrow. None without two runs with errors."""
+    runs = [errors for errors in runs if errors]
+    if len(runs) < 2:
+        return None
+    rng = random.Random(seed)
+    medians = sorted(statistics.median([e for _ in runs for e in rng.choice(runs)])
+                     for _ in range(draws))
+    tail = (1 - level) / 2
+    return medians[int(tail * draws)], medians[min(int((1 - tail) * draws), draws - 1)]
+
+
+def print_intervals(intervals: dict[str, tuple[float, float] | None]) -> None:
+    print("each point's pooled median, 90 % interval by resampling whole runs: "
+          + ", ".join(f"{point} {found[0]:.3f}-{found[1]:.3f}"
+                      for point, found in intervals.items() if found))
+
+
 def accuracy_runs(work: Path, args, roots: dict[str, Path]) -> dict[str, dict]:
     """accuracy() of each checkout (label: root, the baseline first) for each of the
     `--repeat` seeds from `--seed`, the checkouts in turn at each seed; with several
@@ -520,11 +542,15 @@ def accuracy_runs(work: Path, args, roots: dict[str, Path]) -> dict[str, dict]:
     for label, found in runs.items():
         pooled = {key: {point: [e for run in found for e in run[key][point]] for point in POINTS}
                   for key in ("errors", "settled", "signed")}
+        intervals = {point: run_interval([run["errors"][point] for run in found])
+                     for point in POINTS}
         results[label] = {"checkout": str(roots[label]), "seeds": seeds, "runs": found,
                           "points": summary(pooled["errors"], pooled["settled"],
                                             pooled["signed"],
                                             f"{label} ({roots[label].name}), pooled over "
-                                            f"seeds {seeds}")}
+                                            f"seeds {seeds}"),
+                          "median_90_by_runs": intervals}
+        print_intervals(intervals)
     return results
 
 

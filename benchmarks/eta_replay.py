@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import random
-import statistics
 import sys
 from collections import defaultdict
 from collections.abc import Callable
@@ -46,7 +44,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import mark_start, write_results  # noqa: E402
-from eta import POINTS, TERMINAL, Watched, errors, last_minute, read_polls, summary  # noqa: E402
+from eta import (  # noqa: E402
+    POINTS,
+    TERMINAL,
+    Watched,
+    errors,
+    last_minute,
+    print_intervals,
+    read_polls,
+    run_interval,
+    summary,
+)
 
 from batches import eta_record  # noqa: E402
 from batches.eta import moved  # noqa: E402
@@ -114,22 +122,6 @@ def future_rates(recorded: list[eta_record.Recorded],
             one = replace(one, one=one.one * later / own, rate=one.rate * later / own)
         out.append(one)
     return out
-
-
-def run_interval(runs: list[list[float]], draws: int = 2000, seed: int = 1,
-                 level: float = 0.9) -> tuple[float, float] | None:
-    """The `level` interval of the pooled median of `runs` (each run's errors at one
-    point), by resampling whole runs with replacement: a run's readings move
-    together (its machine's speed that day, its batches' sizes), so resampling
-    readings one by one would read too narrow. None without two runs with errors."""
-    runs = [errors for errors in runs if errors]
-    if len(runs) < 2:
-        return None
-    rng = random.Random(seed)
-    medians = sorted(statistics.median([e for _ in runs for e in rng.choice(runs)])
-                     for _ in range(draws))
-    tail = (1 - level) / 2
-    return medians[int(tail * draws)], medians[min(int((1 - tail) * draws), draws - 1)]
 
 
 def refreshes(recorded: list[eta_record.Recorded],
@@ -221,9 +213,8 @@ def main() -> None:
                         "last_minute": last_minute(batches)}
     intervals = {point: run_interval(runs) for point, runs in per_run.items()}
     results["replayed"]["median_90_by_runs"] = intervals
-    print("replayed, each point's pooled median, 90 % interval by resampling whole runs: "
-          + ", ".join(f"{point} {lo:.3f}-{hi:.3f}" for point, found in intervals.items()
-                      if found for lo, hi in [found]))
+    print("replayed:", end=" ")
+    print_intervals(intervals)
     results["goals"] = POINTS
     write_results(args.results, results)
 

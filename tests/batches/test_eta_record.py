@@ -194,7 +194,7 @@ def test_the_replay_s_interval_resamples_whole_runs():
     """A pooled median's interval by runs: a run of one reading counts as a run, so
     its reading is the pooled median whenever it is drawn twice (a quarter of the
     draws here), which resampling readings one by one would hide."""
-    interval = replay_script().run_interval
+    interval = replay_script().run_interval  # benchmarks/eta.py's, as the replay imports it
 
     assert interval([[0.0] * 9, [1.0]]) == (0.0, 1.0)
     assert interval([[0.1, 0.1, 0.1], [0.1, 0.1]]) == pytest.approx((0.1, 0.1))
