@@ -38,7 +38,7 @@ import argparse
 import bisect
 import sys
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 
@@ -95,9 +95,11 @@ def ticks_and_admissions(recorded: list[eta_record.Recorded]) -> set[float]:
     return kept
 
 
-def span_rate(spans, prompt_weight: float) -> float | None:
+def span_rate(spans: Iterable[tuple[float, float, float, float, float]],
+              prompt_weight: float) -> float | None:
     """Cost units a worker-second over `spans` (Recorded.spans) at `prompt_weight`: as
     batches/estimates.Progress.rate reckons one worker's rate from them."""
+    spans = list(spans)
     work = sum(decode + prompt_weight * prompt for _, _, decode, prompt, _ in spans)
     busy = sum(span[4] for span in spans)
     return work / busy if work > 0 and busy > 0 else None
@@ -183,7 +185,8 @@ def main() -> None:
                              "(the recorded and replayed reads; the API's stay as polled)")
     parser.add_argument("--future-rate", type=float, metavar="SECONDS",
                         help="play each refresh at the rate its workers did over the next "
-                             "SECONDS (runs recorded with their intervals; an oracle)")
+                             "SECONDS (runs recorded with their intervals; an oracle; the "
+                             "replayed read, the recorded one stays as played)")
     parser.add_argument("--results", default="eta-replay")
     args = parser.parse_args()
     mark_start()
