@@ -167,10 +167,9 @@ class Progress:
         model's over its recent intervals with work, over its workers' busy time in
         them; None before `least` seconds of them."""
         spans = self.spans.get(model) or ()
-        seconds = sum(end - start for start, end, *_ in spans)
-        work = sum(span[2] + prompt_weight * span[3] for span in spans)
-        busy = sum(span[4] for span in spans)
-        return work / busy if seconds >= least and work > 0 and busy > 0 else None
+        if sum(end - start for start, end, *_ in spans) < least:
+            return None
+        return eta.span_rate(spans, prompt_weight)
 
 
 PROGRESS = Progress()

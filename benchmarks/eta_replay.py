@@ -38,7 +38,7 @@ import argparse
 import bisect
 import sys
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -57,7 +57,7 @@ from eta import (  # noqa: E402
 )
 
 from batches import eta_record  # noqa: E402
-from batches.eta import moved  # noqa: E402
+from batches.eta import moved, span_rate  # noqa: E402
 
 Plays = list[tuple[float, dict[str, float]]]  # (refresh, batch -> seconds), oldest first
 TICK = 5.0  # the beat's refresh tick (core.celery.ESTIMATES_SECONDS)
@@ -93,16 +93,6 @@ def ticks_and_admissions(recorded: list[eta_record.Recorded]) -> set[float]:
             kept.add(one.at)
             seen.update(one.played)
     return kept
-
-
-def span_rate(spans: Iterable[tuple[float, float, float, float, float]],
-              prompt_weight: float) -> float | None:
-    """Cost units a worker-second over `spans` (Recorded.spans) at `prompt_weight`: as
-    batches/estimates.Progress.rate reckons one worker's rate from them."""
-    spans = list(spans)
-    work = sum(decode + prompt_weight * prompt for _, _, decode, prompt, _ in spans)
-    busy = sum(span[4] for span in spans)
-    return work / busy if work > 0 and busy > 0 else None
 
 
 def future_rates(recorded: list[eta_record.Recorded],
