@@ -36,9 +36,8 @@ short batch misses).
         --only accuracy --workers 1 --slots 64 --batches 12 --largest 120 --arrivals 120 \\
         --kinds 8,16,32          # the real engine, ~9 min (6 batches over 60 s: ~5 min)
     flock /tmp/batchgen-heavy.lock .venv/bin/python benchmarks/eta.py --engine vllm \\
-        --only accuracy --workers 1 --slots 64 --chunk 16 --batches 10 --largest 600 \\
-        --arrivals 150 --kinds 8,16,32 --timeout 1500 --seed 8 --repeat 4
-        # larger batches on the real engine, chunks a quarter of the pool: ~60 min
+        --only accuracy --workers 1 --slots 64 --batches 10 --largest 600 --arrivals 150 \\
+        --kinds 8,16,32 --timeout 1500 --seed 2     # larger batches on the real engine, ~8 min
 
 `--record PREFIX` has the server write every refresh's play (BATCHGEN_ETA_RECORD) and
 this script every poll: benchmarks/eta_replay.py plays them again with another
