@@ -36,7 +36,7 @@ import bisect
 import heapq
 import math
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 
@@ -315,13 +315,12 @@ class PromptFit:
         return min(max(v / u, 0.0), PROMPT_WEIGHT_MAX)
 
 
-def span_rate(spans: Iterable[tuple[float, float, float, float, float]],
+def span_rate(spans: Sequence[tuple[float, float, float, float, float]],
               prompt_weight: float = 0.0) -> float | None:
     """One worker's cost units a second over a model's progress intervals, as
     (start, end, decode units, prompt tokens computed, worker-seconds busy), a prompt
     token at `prompt_weight` (estimates.Progress.rate; the replay's oracle,
     benchmarks/eta_replay.py). None without work or busy time."""
-    spans = list(spans)
     work = sum(decode + prompt_weight * prompt for _, _, decode, prompt, _ in spans)
     busy = sum(span[4] for span in spans)
     return work / busy if work > 0 and busy > 0 else None
