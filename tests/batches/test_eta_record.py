@@ -139,10 +139,10 @@ def test_an_estimate_is_written_again_once_it_moved_a_second_and_1_percent(chang
     assert eta.moved(change, left) is written
 
 
-def replay_script():
-    """benchmarks/eta_replay.py, as a module."""
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "eta_replay.py"
-    spec = importlib.util.spec_from_file_location("eta_replay", path)
+def replay_script(name: str = "eta_replay"):
+    """benchmarks/eta_replay.py (or another of its scripts), as a module."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -199,3 +199,33 @@ def test_the_replay_s_interval_resamples_whole_runs():
     assert interval([[0.0] * 9, [1.0]]) == (0.0, 1.0)
     assert interval([[0.1, 0.1, 0.1], [0.1, 0.1]]) == pytest.approx((0.1, 0.1))
     assert interval([[0.1, 0.2], []]) is None  # one run with readings: no interval
+
+
+def test_a_twin_run_s_time_left_is_read_at_the_same_points_and_scaled_by_its_speed():
+    """benchmarks/eta_twins.py: a batch's seconds from each point's first poll to its
+    end in one run, predicted by the same in its twin (the same seed), as is and at
+    the run's speed (the median ratio of the batches' create-to-end times); a reading
+    within MIN_LEFT of the end and a batch that did not complete give none."""
+    twins = replay_script("eta_twins")
+
+    def run(pace: float, *, tail: float = 0.0) -> list:
+        polled = [(pace * at, "in_progress", done, 10, None)
+                  for at, done in ((1, 0), (10, 1), (20, 3), (30, 5))]
+        done = twins.Watched(id="a", key=0, created=0.0, samples=polled,
+                             final={"status": "completed", "completed_at": pace * 50 + tail})
+        failed = twins.Watched(id="b", key=0, created=0.0, samples=polled,
+                               final={"status": "failed", "completed_at": None})
+        return [done, failed]
+
+    fast, slow = run(1.0), run(2.0)
+
+    assert twins.left_at_points(fast[0]) == {"queued": 49, "10%": 40, "25%": 30, "50%": 20}
+    assert twins.left_at_points(fast[1]) == {}
+    assert twins.speed(fast, slow) == 0.5
+    assert twins.twin_errors(fast, slow) == {"queued": [1.0],
+                                             "10%": [1.0], "25%": [1.0], "50%": [1.0]}
+    assert twins.twin_errors(fast, slow, 0.5) == {point: [pytest.approx(0.0)]
+                                                  for point in ("queued", "10%", "25%", "50%")}
+    late = run(1.0, tail=-16.0)  # its 50 % reading 4 s before the end: left out
+    assert twins.twin_errors(late, fast)["50%"] == []
+    assert twins.twin_errors(late, fast)["25%"] == [pytest.approx(16 / 14)]

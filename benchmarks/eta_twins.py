@@ -1,0 +1,157 @@
+"""How repeatable a recorded workload is: the same seed run twice, each run's time
+from a point to a batch's end against its twin's.
+
+Two runs of one seed create the same batches of the same lines at the same moments
+(benchmarks/eta.py --seed); what differs is only how the engine's steps fell. So a
+batch's time from its 50 % reading to its end in one run, taken as the prediction of
+that time in the other, is a predictor that knows the whole workload, every batch
+created after the reading, the true schedule and the engine's true speed on it:
+all but the run's own noise. Its error says how much of an ETA's error no model of
+the scheduler can take away on this engine and machine. It is an upper bound on
+that floor, not a measure of it: the two runs' states at a reading differ too (a
+batch beside it further along in one), which an ETA sees and the twin does not.
+
+Each point's reading is the first poll at or after it (queued: the first poll), as
+benchmarks/eta.py reads the API's ETA; the error is |D_twin - D| / D, D the seconds
+from the reading to `completed_at`, read both ways round for each pair. Beside it,
+the API's ETA error at the same readings (eta.errors), and the pair's speed (the
+median ratio of the batches' create-to-end times: over 1, the first run slower).
+
+    .venv/bin/python benchmarks/eta_twins.py \\
+        --twins /tmp/rec/repa-this-s11 /tmp/rec/repb-this-s11 \\
+        --twins /tmp/rec/repa-this-s10 /tmp/rec/repb-this-s10
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import mark_start, print_table, write_results  # noqa: E402
+from eta import (  # noqa: E402
+    MIN_LEFT,
+    POINTS,
+    TERMINAL,
+    Watched,
+    errors,
+    median,
+    read_polls,
+    run_interval,
+)
+from eta_replay import recording_file  # noqa: E402
+
+
+def left_at_points(batch: Watched) -> dict[str, float]:
+    """Seconds from each point's reading (the first poll at or after it; queued: the
+    first poll with nothing done) to the batch's end; {} for a batch that did not
+    complete."""
+    real = batch.final.get("completed_at") if batch.final else None
+    if real is None or batch.final["status"] != "completed":
+        return {}
+    found: dict[str, float] = {}
+    for at, status, done, total, _ in batch.samples:
+        if status in TERMINAL:
+            break
+        if done == 0:
+            found.setdefault("queued", real - at)
+        for point in ("10%", "25%", "50%"):
+            if total and done / total >= int(point[:-1]) / 100:
+                found.setdefault(point, real - at)
+    return found
+
+
+def by_creation(batches: list[Watched]) -> list[Watched]:
+    """A run's batches in the order they were created: the seed's order, the same in
+    every run of it."""
+    return sorted(batches, key=lambda batch: batch.created)
+
+
+def speed(run: list[Watched], twin: list[Watched]) -> float:
+    """The median ratio of the batches' create-to-end seconds, run over twin."""
+    ratios = [(a.final["completed_at"] - a.created) / (b.final["completed_at"] - b.created)
+              for a, b in zip(run, twin, strict=True)
+              if a.final and b.final and a.final.get("completed_at")
+              and b.final.get("completed_at")]
+    return statistics.median(ratios) if ratios else float("nan")
+
+
+def twin_errors(run: list[Watched], twin: list[Watched],
+                scale: float = 1.0) -> dict[str, list[float]]:
+    """Each point's |D_twin * scale - D| / D over the batches both runs completed, D
+    the seconds left at the point in `run` (those under MIN_LEFT left out, as
+    eta.errors does)."""
+    found: dict[str, list[float]] = {point: [] for point in POINTS}
+    for mine, theirs in zip(run, twin, strict=True):
+        left, other = left_at_points(mine), left_at_points(theirs)
+        for point in POINTS:
+            if point in left and point in other and left[point] >= MIN_LEFT:
+                found[point].append(abs(other[point] * scale - left[point]) / left[point])
+    return found
+
+
+WAYS = ("twin", "twin at the run's speed")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--twins", nargs="+", action="append", required=True,
+                        metavar="PREFIX", help="the recordings of one seed (eta.py --record; "
+                                               "two or more); repeat for other seeds")
+    parser.add_argument("--results", default="eta-twins")
+    args = parser.parse_args()
+    mark_start()
+    api: dict[str, list[float]] = {point: [] for point in POINTS}
+    per_pair = {way: {point: [] for point in POINTS} for way in WAYS}
+    pairs = []
+    for group in args.twins:
+        runs = {prefix: by_creation(read_polls(recording_file(prefix, ".json")))
+                for prefix in group}
+        sizes = {tuple(batch.samples[-1][3] for batch in run if batch.samples)
+                 for run in runs.values()}
+        if len(sizes) != 1:
+            raise SystemExit(f"not the same workload (the batches' sizes differ): {group}")
+        for prefix in group:
+            for point, found in errors(runs[prefix])[0].items():
+                api[point] += found
+        for a, b in itertools.permutations(group, 2):
+            pace = speed(runs[a], runs[b])
+            row = {"run": a, "twin": b, "speed": pace}
+            for way, scale in zip(WAYS, (1.0, pace), strict=True):
+                for point, found in twin_errors(runs[a], runs[b], scale).items():
+                    per_pair[way][point].append(found)
+                    row[f"{way} {point}"] = median(found)
+            pairs.append(row)
+    print_table("Each run against its twin (|D_twin - D| / D, medians; then at the run's speed)",
+                ["run", "twin", "speed", *POINTS, *POINTS],
+                [[Path(row["run"]).name, Path(row["twin"]).name, row["speed"],
+                  *(row[f"{way} {point}"] for way in WAYS for point in POINTS)]
+                 for row in pairs])
+    pooled = {way: {point: {"n": sum(map(len, runs)),
+                            "median": median([e for run in runs for e in run]),
+                            "interval": run_interval(runs)}
+                    for point, runs in found.items()} for way, found in per_pair.items()}
+    print_table("Pooled: the twin as predictor, and the API's ETA on the same runs "
+                "(90 % interval by resampling pairs)",
+                ["point", "readings", *(f"{way}: median (interval)" for way in WAYS),
+                 "ETA readings", "ETA: median", "goal"],
+                [[point, pooled[WAYS[0]][point]["n"],
+                  *(f"{pooled[way][point]['median']:.3f} {fmt(pooled[way][point]['interval'])}"
+                    for way in WAYS), len(api[point]), median(api[point]), goal]
+                 for point, goal in POINTS.items()])
+    write_results(args.results, {
+        "options": {"twins": args.twins}, "pairs": pairs, "pooled": pooled,
+        "eta": {point: {"n": len(v), "median": median(v)} for point, v in api.items()},
+        "note": "a run's seconds from a point to a batch's end against its twin's, the same "
+                "seed; speed over 1: the run slower"})
+
+
+def fmt(interval: tuple[float, float] | None) -> str:
+    return f"({interval[0]:.3f}-{interval[1]:.3f})" if interval else ""
+
+
+if __name__ == "__main__":
+    main()
