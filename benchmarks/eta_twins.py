@@ -40,6 +40,7 @@ from eta import (  # noqa: E402
     errors,
     median,
     read_polls,
+    readings,
     run_interval,
 )
 from eta_replay import recording_file  # noqa: E402
@@ -93,6 +94,40 @@ def twin_errors(run: list[Watched], twin: list[Watched],
     return found
 
 
+def signed_errors(run: list[Watched]) -> list[dict[str, float]]:
+    """Each batch's API ETA error at each point, signed, (ETA - end) / (end - reading),
+    as eta.errors reads it; a batch's dict is empty where it has no reading."""
+    found = []
+    for batch in run:
+        real = batch.final.get("completed_at") if batch.final else None
+        found.append({point: (eta - real) / (real - at)
+                      for point, (at, eta) in readings(batch).items()
+                      if real is not None and real - at >= MIN_LEFT})
+    return found
+
+
+def repeated(run: list[Watched], twin: list[Watched], point: str) -> float | None:
+    """The rank correlation (Spearman's) of the ETA's signed errors at `point` batch
+    by batch between two runs of one seed: near 1, the ETA errs on the same batches
+    the same way in both (the model's error, not the engine's noise); ranks, so that
+    one batch's large error does not decide it. None with under three pairs."""
+    pairs = [(mine[point], theirs[point])
+             for mine, theirs in zip(signed_errors(run), signed_errors(twin), strict=True)
+             if point in mine and point in theirs]
+    if len(pairs) < 3:
+        return None
+    try:
+        return statistics.correlation(*(ranks(side) for side in zip(*pairs, strict=True)))
+    except statistics.StatisticsError:  # one of them constant
+        return None
+
+
+def ranks(values: tuple[float, ...]) -> list[float]:
+    """Each value's rank among `values` (ties at their mean rank)."""
+    order = sorted(values)
+    return [order.index(value) + (order.count(value) - 1) / 2 for value in values]
+
+
 WAYS = ("twin", "twin at the run's speed")
 
 
@@ -119,17 +154,18 @@ def main() -> None:
                 api[point] += found
         for a, b in itertools.permutations(group, 2):
             pace = speed(runs[a], runs[b])
-            row = {"run": a, "twin": b, "speed": pace}
+            row = {"run": a, "twin": b, "speed": pace,
+                   "eta_repeats": {point: repeated(runs[a], runs[b], point) for point in POINTS}}
             for way, scale in zip(WAYS, (1.0, pace), strict=True):
                 for point, found in twin_errors(runs[a], runs[b], scale).items():
                     per_pair[way][point].append(found)
                     row[f"{way} {point}"] = median(found)
             pairs.append(row)
     print_table("Each run against its twin (|D_twin - D| / D, medians; then at the run's speed)",
-                ["run", "twin", "speed", *POINTS, *POINTS],
+                ["run", "twin", "speed", *POINTS, *POINTS, "ETA's errors repeat (r, 50%)"],
                 [[Path(row["run"]).name, Path(row["twin"]).name, row["speed"],
-                  *(row[f"{way} {point}"] for way in WAYS for point in POINTS)]
-                 for row in pairs])
+                  *(row[f"{way} {point}"] for way in WAYS for point in POINTS),
+                  row["eta_repeats"]["50%"]] for row in pairs])
     pooled = {way: {point: {"n": sum(map(len, runs)),
                             "median": median([e for run in runs for e in run]),
                             "interval": run_interval(runs)}

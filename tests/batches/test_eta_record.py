@@ -229,3 +229,22 @@ def test_a_twin_run_s_time_left_is_read_at_the_same_points_and_scaled_by_its_spe
     late = run(1.0, tail=-16.0)  # its 50 % reading 4 s before the end: left out
     assert twins.twin_errors(late, fast)["50%"] == []
     assert twins.twin_errors(late, fast)["25%"] == [pytest.approx(16 / 14)]
+
+
+def test_twin_runs_tell_whether_the_eta_errs_on_the_same_batches_the_same_way():
+    """eta_twins.repeated: the rank correlation of the API's signed ETA errors at a
+    point, batch by batch, between two runs of one seed; None under three batches."""
+    twins = replay_script("eta_twins")
+
+    def run(*etas: float) -> list:
+        # each batch half done at 10 s, its end at 110 s: signed error (ETA - 110) / 100
+        return [twins.Watched(id=str(i), key=0, created=0.0,
+                              samples=[(10.0, "in_progress", 5, 10, eta)],
+                              final={"status": "completed", "completed_at": 110.0})
+                for i, eta in enumerate(etas)]
+
+    run_a = run(100.0, 110.0, 150.0)  # -0.1, 0.0, +0.4
+    assert [round(e["50%"], 2) for e in twins.signed_errors(run_a)] == [-0.1, 0.0, 0.4]
+    assert twins.repeated(run_a, run(105.0, 120.0, 125.0), "50%") == pytest.approx(1.0)
+    assert twins.repeated(run_a, run(130.0, 111.0, 90.0), "50%") == pytest.approx(-1.0)
+    assert twins.repeated(run_a[:2], run(105.0, 120.0), "50%") is None
