@@ -1,25 +1,31 @@
 """How repeatable a recorded workload is: the same seed run twice, each run's time
-from a point to a batch's end against its twin's.
+from a point to a batch's end against its twin's, and whether the ETA errs the same
+way in both.
 
 Two runs of one seed create the same batches of the same lines at the same moments
-(benchmarks/eta.py --seed); what differs is only how the engine's steps fell. So a
-batch's time from its 50 % reading to its end in one run, taken as the prediction of
-that time in the other, is a predictor that knows the whole workload, every batch
-created after the reading, the true schedule and the engine's true speed on it:
-all but the run's own noise. Its error says how much of an ETA's error no model of
-the scheduler can take away on this engine and machine. It is an upper bound on
-that floor, not a measure of it: the two runs' states at a reading differ too (a
-batch beside it further along in one), which an ETA sees and the twin does not.
+(benchmarks/eta.py --seed); what differs is how the engine's steps fell, and what
+that did to the schedule (which batch's chunk the dispatcher sent first when a batch
+came, ties between passes broken by the batches' random ids). So a batch's time from
+its 50 % reading to its end in one run, taken as the prediction of that time in the
+other, is a predictor that knows the whole workload and every batch created after
+the reading, but not the run's own state. Where the twins' times agree (their
+schedules did not part), an ETA's error is the model's, and it should repeat batch
+by batch; where they part, the workload itself is not repeatable and one run's
+figures say little of the next's.
 
 Each point's reading is the first poll at or after it (queued: the first poll), as
 benchmarks/eta.py reads the API's ETA; the error is |D_twin - D| / D, D the seconds
-from the reading to `completed_at`, read both ways round for each pair. Beside it,
-the API's ETA error at the same readings (eta.errors), and the pair's speed (the
-median ratio of the batches' create-to-end times: over 1, the first run slower).
+from the reading to `completed_at`, read both ways round for each pair, as is and
+with the twin's times scaled by the pair's speed (the median ratio of the batches'
+create-to-end times: over 1, the first run slower; hindsight, for runs on machines
+of different speeds). Beside it, the API's ETA error at the same readings
+(eta.errors), and the rank correlation of its signed errors at 50 % between the
+twins.
 
     .venv/bin/python benchmarks/eta_twins.py \\
-        --twins /tmp/rec/repa-this-s11 /tmp/rec/repb-this-s11 \\
-        --twins /tmp/rec/repa-this-s10 /tmp/rec/repb-this-s10
+        --twins benchmarks/results/eta-recordings/twin-{a,b}-s8 \\
+        --twins benchmarks/results/eta-recordings/twin-{a,b}-s10 \\
+        --twins benchmarks/results/eta-recordings/twin-{a,b}-s11   # the runs of 2026-12-07
 """
 
 from __future__ import annotations
