@@ -274,11 +274,12 @@ def poll(clients: list[Client], watched: dict[str, Watched]) -> None:
                 seen.final = batch
 
 
-def readings(batch: Watched) -> dict[str, tuple[float, int]]:
-    """The first ETA the API showed at each point: point -> (when, ETA)."""
-    found: dict[str, tuple[float, int]] = {}
+def readings(batch: Watched, shown: bool = True) -> dict[str, tuple[float, int | None]]:
+    """The first ETA the API showed at each point: point -> (when, ETA); with
+    `shown` False, the first poll at each point, whether it showed an ETA or not."""
+    found: dict[str, tuple[float, int | None]] = {}
     for at, status, done, total, eta in batch.samples:
-        if eta is None or status in TERMINAL:
+        if (shown and eta is None) or status in TERMINAL:
             continue
         if done == 0 and "queued" not in found:
             found["queued"] = (at, eta)
@@ -286,6 +287,17 @@ def readings(batch: Watched) -> dict[str, tuple[float, int]]:
             if total and done / total >= int(point[:-1]) / 100 and point not in found:
                 found[point] = (at, eta)
     return found
+
+
+def scored(batch: Watched) -> dict[str, tuple[float, int, float]]:
+    """Each point's reading of a batch that ended, (when, ETA, signed error), the
+    signed error (ETA - completed_at) / (completed_at - reading); a reading within
+    MIN_LEFT of the end says nothing and is left out."""
+    real = batch.final.get("completed_at") if batch.final else None
+    if real is None:
+        return {}
+    return {point: (at, eta, (eta - real) / (real - at))
+            for point, (at, eta) in readings(batch).items() if real - at >= MIN_LEFT}
 
 
 def errors(batches: list[Watched]) -> tuple[dict[str, list[float]], list[dict],
@@ -305,12 +317,10 @@ def errors(batches: list[Watched]) -> tuple[dict[str, list[float]], list[dict],
         row = {"batch": batch.id, "key": batch.key, "status": batch.final and
                batch.final["status"], "total": batch.samples[-1][3] if batch.samples else 0,
                "took": real and real - batch.created, "created": round(batch.created, 1)}
-        for point, (at, eta) in readings(batch).items():
-            if real is None or real - at < MIN_LEFT:
-                continue
-            error = abs(eta - real) / (real - at)
+        for point, (at, eta, sign) in scored(batch).items():
+            error = abs(sign)
             found[point].append(error)
-            signed[point].append((eta - real) / (real - at))
+            signed[point].append(sign)
             if not any(at < when < real for when in created):
                 settled[point].append(error)
             row[point] = round(error, 3)

@@ -41,13 +41,13 @@ from _common import mark_start, print_table, write_results  # noqa: E402
 from eta import (  # noqa: E402
     MIN_LEFT,
     POINTS,
-    TERMINAL,
     Watched,
     errors,
     median,
     read_polls,
     readings,
     run_interval,
+    scored,
 )
 from eta_replay import recording_file  # noqa: E402
 
@@ -56,19 +56,10 @@ def left_at_points(batch: Watched) -> dict[str, float]:
     """Seconds from each point's reading (the first poll at or after it; queued: the
     first poll with nothing done) to the batch's end; {} for a batch that did not
     complete."""
-    real = batch.final.get("completed_at") if batch.final else None
-    if real is None or batch.final["status"] != "completed":
+    if not batch.final or batch.final["status"] != "completed":
         return {}
-    found: dict[str, float] = {}
-    for at, status, done, total, _ in batch.samples:
-        if status in TERMINAL:
-            break
-        if done == 0:
-            found.setdefault("queued", real - at)
-        for point in ("10%", "25%", "50%"):
-            if total and done / total >= int(point[:-1]) / 100:
-                found.setdefault(point, real - at)
-    return found
+    return {point: batch.final["completed_at"] - at
+            for point, (at, _) in readings(batch, shown=False).items()}
 
 
 def by_creation(batches: list[Watched]) -> list[Watched]:
@@ -101,15 +92,9 @@ def twin_errors(run: list[Watched], twin: list[Watched],
 
 
 def signed_errors(run: list[Watched]) -> list[dict[str, float]]:
-    """Each batch's API ETA error at each point, signed, (ETA - end) / (end - reading),
-    as eta.errors reads it; a batch's dict is empty where it has no reading."""
-    found = []
-    for batch in run:
-        real = batch.final.get("completed_at") if batch.final else None
-        found.append({point: (eta - real) / (real - at)
-                      for point, (at, eta) in readings(batch).items()
-                      if real is not None and real - at >= MIN_LEFT})
-    return found
+    """Each batch's API ETA error at each point, signed (eta.scored); a batch's dict
+    is empty where it has no reading."""
+    return [{point: sign for point, (_, _, sign) in scored(batch).items()} for batch in run]
 
 
 def repeated(run: list[Watched], twin: list[Watched], point: str) -> float | None:
