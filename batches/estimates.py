@@ -263,9 +263,9 @@ class OpenChunks:
         """The play's view of the workers with these `slots`: its cost units from
         `loads`; a running chunk of a worker that is not live for this model first in
         the window (it is taken again); the cost units each worker's engine did of
-        the requests it runs now (`in_flight`, Held.done); the steps the longest of a
-        chunk's requests has left where all those left are in its worker's engine
-        (`tails`: Worker.chunk_tails by worker, Held.left_steps)."""
+        the requests it runs now (`in_flight`, Held.done: recorded, not played); the
+        steps the longest of a chunk's requests has left where all those left are in
+        its worker's engine (`tails`: Worker.chunk_tails by worker, Held.left_steps)."""
         cost = {load.batch_id: load.cost for load in loads}
         held: dict[str, list[tuple[str, float]]] = {worker: [] for worker in slots}
         left_steps: dict[str, dict[int, float]] = {worker: {} for worker in slots}
@@ -329,11 +329,11 @@ def play(loads: list[eta.Load], chunks: OpenChunks, measured: ModelThroughput,
     """Seconds until each batch's work on `model` is done: the chunk play (eta.
     chunk_finish_times) under the shares dispatch applies (the deadline policy's, or
     fair share with it off), at one worker's measured rate over the model's live
-    `workers` and their slots, after a swap when none holds the model; what their
-    engines did of the requests they run now counted off while nothing follows
-    those (in cost units at the model's prompt weight; eta._ChunkPlay.counted_off),
-    and a chunk all in its worker's engine ended as its longest request will
-    (WorkerWork.tails, eta.Held.left_steps). A refresh's play, made `at` (Unix
+    `workers` and their slots, after a swap when none holds the model; a chunk all
+    in its worker's engine ended as its longest request will (WorkerWork.tails,
+    eta.Held.left_steps); what their engines did of the requests they run now (in
+    cost units at the model's prompt weight) recorded with the play, not played
+    (eta.Held.done). A refresh's play, made `at` (Unix
     seconds), is recorded where BATCHGEN_ETA_RECORD says (batches/eta_record.py)."""
     slots = {worker: seen.slots for worker, seen in workers.items()}
     rate = measured.rate

@@ -4,13 +4,15 @@ it under the dispatcher's fair share, and each model's measured throughput.
 Pure, no database. Two plays of the scheduler (batches/dispatch.py):
 
 - `chunk_finish_times`, the server's ETA: the dispatcher and the workers played
-  forward chunk by chunk from where every open chunk is (held by a worker, in the
-  broker's window, pending), each worker running its chunks' requests in the order
-  it claimed them, as many at once as its slots, at one worker's rate
+  forward from where every open chunk is (held by a worker, in the broker's
+  window, pending), each worker's engine played request by request (`_Engine`):
+  its chunks' requests admitted in the order it claimed them as its slots free,
+  each computing its prompt, then a token a step, at one worker's rate
   (batches/estimates.py measures it). It sees what a split of the rate cannot: a
   chunk keeps its worker, a small batch's chunk waits for the window and the
-  chunks ahead of it, and on a worker with many slots a chunk of short answers ends
-  before the long ones beside it, as the engine gives each request a token a step.
+  chunks ahead of it, on a worker with many slots a chunk of short answers ends
+  before the long ones beside it, and the requests in an engine now have only
+  their steps left, their prompts computed.
 - `finish_times` and `fair_finish_times`, the fluid view the deadline policy plans
   with (batches/deadlines.py) and benchmarks/eta_model.py checks it by: stride
   scheduling over many chunks is a fluid split of the model's throughput in
@@ -32,7 +34,6 @@ deadline policy (batches/deadlines.py) when dispatch applies it.
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
 from collections import Counter, deque
@@ -400,13 +401,15 @@ class Held:
     chunks: tuple[tuple[str, float], ...] = ()
     slots: int = 1
     # The cost units its engine did already of the requests it runs now, as the
-    # worker says (an engine that tells its steps; none from the others). Counted off
-    # only while nothing follows them (_ChunkPlay.counted_off).
+    # worker says (an engine that tells its steps; none from the others). Recorded
+    # (batches/eta_record.py), not played: counted off, it read the real engine's
+    # running batches early; the play starts the requests in the engine from their
+    # place instead (_Engine.start).
     done: float = 0.0
     # The steps the longest of a chunk's requests has left, by the chunk's place in
     # `chunks`, where all the requests it has left are in the engine (from an engine
-    # that tells each request's tokens: Engine.progress). Its last request ends
-    # after those steps, not a whole request's (_ChunkPlay.settle).
+    # that tells each request's tokens: Engine.progress). They end evenly up to
+    # those steps, a whole request's at most (_Engine.start).
     left_steps: dict[int, float] = field(default_factory=dict)
 
 
@@ -423,157 +426,166 @@ class Dispatch:
     passes: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class _Open:
-    """What is fixed of a held chunk's close once it is claimed (_Stream.open): when
-    its last request is admitted, at position `end`, and the cost units of it and of
-    the requests ahead of it in the engine beside it, in `used` of the `limit`
-    slot-steps beside its `steps` steps; the requests behind it join as the worker
-    claims them (_Stream.close)."""
+# Where the requests in an engine at the start of a play stand, but for a chunk's
+# whose steps left the worker tells (Held.left_steps): spread by their admission, the
+# oldest furthest on, between half of their steps left and all of them. In a steady
+# engine one is admitted as one ends, so they would be spread from none to all; the
+# ones still in it are the longer of those admitted with them, so further from their
+# end than that. Read on twenty recorded real-engine runs (docs/benchmarks.md, "The
+# engine played request by request"): 0.047 at 50 % with half, 0.049 with none.
+IN_ENGINE_SPREAD = 0.5
+# A chunk's requests all in the engine end spread evenly up to the steps its longest
+# has left (Held.left_steps), in this many groups at most (one a request).
+TAIL_GROUPS = 4
+# Once an engine has admitted this many times its slots in the play, a chunk's
+# requests admitted within this part of their steps of its last group join it, at
+# their mean end: where requests of several lengths share few slots, each end admits
+# a few and the groups split down to single requests (a simulated 50,000-request
+# workload on 12 slots: 45 events a chunk, 80 ms a play of 64,000 requests; 22 ms
+# so). The recorded real-engine runs' ETAs read the same (docs/benchmarks.md).
+EXACT_TURNS = 32
+MERGE_STEPS = 0.1
 
-    admitted: float
-    end: float
-    steps: float
-    work: float
-    used: float
-    limit: float
 
-
-class _Stream:
-    """One worker's requests in the order its slots admit them (its chunks' claim
-    order: inference/slots.py), as positions in a stream done at the worker's rate,
-    first in, first out. Each chunk is a segment: its first position, when the
-    stream starts on it, its cost a request and its steps a request (Load.steps);
-    `ends` and `times` are where and when each segment ends.
-
-    A chunk's last request is admitted once the stream has done all but the
-    requests the slots hold with it, and shares the engine with them step by step:
-    each step gives every request in it one step, each doing its cost over its
-    steps. So it stays for its own steps, and each request beside it (before it,
-    still in the engine, and after it, filling the slots that free) shares as many
-    of them as it has itself, doing that much of its cost, until the other slots
-    are filled for all of its steps (`open`, `close`). With one slot that is the
-    stream reaching the chunk's end; with many, a short answer behind long ones ends
+class _Engine:
+    """One worker's engine, as vLLM runs it, played request by request: requests
+    admitted in the worker's claim order (inference/slots.py) as its slots free,
+    each computing its prompt first, then one token a step. A request's cost units
+    (Load.cost) are its steps (Load.steps: one plus its output tokens, a decode unit
+    each) and its prompt (the rest); at the worker's rate in cost units a second, a
+    step of n requests takes n / rate seconds and an admission's prompts their units
+    over the rate, before the next step. So a short answer behind long ones ends
     before them, however dear its prompt, and a long answer stays while the short
-    ones beside it come and go, as vLLM runs them. Where every request's steps are
-    its cost units this is processor sharing.
+    ones beside it come and go. Requests found in it at the start have computed
+    their prompts: only their steps are left (`start`). Where a request's steps are
+    its cost units (an engine that tells none) it is processor sharing.
 
-    The requests behind a chunk's last one are those of the chunks the worker claims
-    before it closes, so its close moves later as each is claimed: worked out once
-    at its claim, with the slots its worker's later chunks fill beside it counted
-    empty, a long answer's chunk read as if the engine ran it alone at the end (on
-    the real engine, 18 s early at a median, 14 s now, against 2 s for short
-    answers'; docs/benchmarks.md, "A chunk's close, moved by the chunks claimed
-    after it")."""
+    Requests that are admitted together and alike move together, as one group of a
+    count (not a whole number once spread); a chunk closes when its last group ends.
+    Past EXACT_TURNS of its slots, a chunk's requests admitted within MERGE_STEPS of
+    their steps of its last group join that group at their mean end (`run`), so the
+    groups do not split down to single requests far ahead."""
 
-    def __init__(self, slots: int, rate: float, done: float = 0.0) -> None:
+    def __init__(self, slots: int, rate: float) -> None:
         self.slots, self.rate = max(slots, 1), rate
-        # Seconds ahead: the engine did `done` cost units of the requests in it now
-        # (Held.done), so the stream's first segment started that long before now.
-        self.lead = done / rate if rate > 0 else 0.0
-        # (first position, start, cost, steps) of each chunk
-        self.segments: list[tuple[float, float, float, float]] = []
-        self.ends: list[float] = []
-        self.times: list[float] = []
-        self.head = 0  # the segments before it were done before now
-        self.opened: dict[int, _Open] = {}  # its chunks held, by the order they were taken
-        self.full: dict[int, float] = {}  # the closes of those whose slots are filled
+        self.waiting: deque[list] = deque()  # [order, count, cost, steps], claim order
+        self.running: list[tuple[float, int, int, float]] = []  # (end step, seq, order, count)
+        self.seq = 0
+        self.step = 0.0  # steps done since the play began
+        self.clock = 0.0  # when `step` was
+        self.busy = 0.0  # requests in it
+        self.prompts = 0.0  # cost units of prompts to compute before the next step
+        self.parts: Counter[int] = Counter()  # groups of each chunk not ended, waiting ones too
+        self.last: dict[int, tuple[float, int, float]] = {}  # order: its last group's
+        self.gone: set[int] = set()  # groups merged into a later one (by seq)
+        self.admitted = 0.0  # requests admitted in the play
 
-    @property
-    def position(self) -> float:
-        return self.ends[-1] if self.ends else 0.0
-
-    def add(self, requests: float, cost: float, at: float, steps: float | None = None) -> float:
-        """Append a chunk of `requests` of `cost` and `steps` (None: its cost) each at
-        time `at`; its end position."""
-        start = max(self.times[-1], at) if self.times else at - (self.lead if at <= 0 else 0.0)
-        self.lead = 0.0  # the requests in the engine at the start only
-        self.segments.append((self.position, start, cost, steps or cost))
-        self.ends.append(self.position + requests)
-        self.times.append(start + requests * cost / self.rate)
-        return self.ends[-1]
-
-    def done_at(self, when: float) -> float:
-        """The stream's position at `when`, no earlier than the last asked (the
-        segments done by then are dropped)."""
-        while self.head < len(self.times) and self.times[self.head] <= when:
-            self.head += 1
-        if self.head > 64 and self.head * 2 > len(self.times):
-            # Not those behind a chunk held: its close counts them, done or not.
-            keep = min([self.head, *(bisect.bisect_left(self.ends, held.end)
-                                     for held in self.opened.values())])
-            del self.segments[:keep], self.ends[:keep], self.times[:keep]
-            self.head -= keep
-        if self.head == len(self.times):
-            return self.position
-        first, start, cost, _ = self.segments[self.head]
-        return first if when <= start else first + (when - start) * self.rate / cost
-
-    def reached(self, position: float) -> float:
-        """When the stream reaches `position` (one not before the head's)."""
-        i = bisect.bisect_left(self.ends, position, lo=self.head)
-        if i == len(self.ends):
-            return self.times[-1]
-        first, start, cost, _ = self.segments[i]
-        return start + max(position - first, 0.0) * cost / self.rate
-
-    def beside(self, low: float, high: float, steps: float, limit: float
-               ) -> tuple[float, float]:
-        """(cost units, slot-steps) of the requests at positions (low, high] beside
-        one of `steps` steps: each shares the lesser of its steps and `steps` with it,
-        doing its cost over its steps in each, until `limit` slot-steps are filled."""
-        work = used = 0.0
-        i = bisect.bisect_right(self.ends, low)
-        while i < len(self.ends) and used < limit and self.segments[i][0] < high:
-            first, _, cost, each = self.segments[i]
-            shared = min(each, steps)
-            count = min(min(high, self.ends[i]) - max(low, first), (limit - used) / shared)
-            used += count * shared
-            work += count * shared * cost / each
-            i += 1
-        return work, used
-
-    def open(self, key: int, end: float, requests: float, cost: float, now: float,
-             steps: float | None = None) -> None:
-        """Hold the chunk `key` of `requests` of `cost` and `steps` (None: its cost)
-        each that ends at position `end`, added at `now`: when its last request is
-        admitted and what is ahead of it beside it. Requests found in the engine at
-        the start count whole but for what the worker says its engine did of them
-        where nothing follows them (`lead`, in seconds, from
-        _ChunkPlay.counted_off), not a guess: a chunk's last requests are its
-        longest, and taking them as half through read the tails of chunks early on
-        the real engine."""
-        if requests <= 0:
-            self.opened[key] = _Open(now, end, 0.0, 0.0, 0.0, 0.0)
+    def at(self, now: float) -> None:
+        """Play the engine forward to `now`: prompts first, then steps."""
+        if now <= self.clock:
             return
-        steps = steps or cost
-        done = self.done_at(now)
-        admitted = now if end - self.slots <= done else self.reached(end - self.slots)
-        limit = (self.slots - 1) * steps
-        before, used = self.beside(max(end - self.slots, done), end - 1, steps, limit)
-        self.opened[key] = _Open(max(admitted, now), end, steps, cost + before, used, limit)
+        if self.prompts > 0:
+            spent = min(now - self.clock, self.prompts / self.rate)
+            self.prompts = max(self.prompts - spent * self.rate, 0.0)
+            self.clock += spent
+        if self.busy > 1e-9:
+            self.step += (now - self.clock) * self.rate / self.busy
+        self.clock = now
 
-    def close(self, key: int) -> float:
-        """When the held chunk `key` closes, as its stream stands: when its last
-        request ends, beside the requests behind it that the worker claimed so far
-        (a chunk claimed after it closed is not in it)."""
-        if key in self.full:  # no request claimed later can move it
-            return self.full[key]
-        held = self.opened[key]
-        after, used = self.beside(held.end, self.position, held.steps, held.limit - held.used)
-        when = held.admitted + (held.work + after) / self.rate
-        if held.used + used >= held.limit * (1 - 1e-9):
-            self.full[key] = when
-        return when
+    def run(self, order: int, count: float, left: float, merge: float = 0.0) -> None:
+        """`count` requests of chunk `order` in the engine, `left` steps from their end;
+        merged into the chunk's last group where that ends within `merge` steps."""
+        self.seq += 1
+        end = self.step + max(left, 1e-6)
+        self.busy += count
+        last = self.last.get(order)
+        if last is not None and last[1] not in self.gone and end - last[0] <= merge:
+            self.gone.add(last[1])
+            end = (last[0] * last[2] + end * count) / (last[2] + count)
+            count += last[2]
+        else:
+            self.parts[order] += 1
+        self.last[order] = (end, self.seq, count)
+        heapq.heappush(self.running, (end, self.seq, order, count))
 
-    def forget(self, key: int) -> None:
-        """The held chunk `key` closed."""
-        del self.opened[key]
-        self.full.pop(key, None)
+    def put(self, order: int, count: float, cost: float, steps: float) -> None:
+        """A chunk claimed: its requests wait for slots behind those claimed before."""
+        self.waiting.append([order, count, cost, steps])
+        self.parts[order] += 1
+
+    def admit(self) -> None:
+        """The waiting requests into the slots free, first claimed first."""
+        while self.waiting and self.busy < self.slots - 1e-9:
+            order, count, cost, steps = head = self.waiting[0]
+            taken = min(count, self.slots - self.busy)
+            head[1] -= taken
+            if head[1] <= 1e-9:
+                self.waiting.popleft()
+                self.parts[order] -= 1
+            self.prompts += taken * max(cost - steps, 0.0)
+            self.admitted += taken
+            far = self.admitted > EXACT_TURNS * self.slots
+            self.run(order, taken, steps, MERGE_STEPS * steps if far else 0.0)
+
+    def start(self, requests: Sequence[tuple[int, float, float, float, float | None]]) -> None:
+        """The requests of the chunks held at the start, as (order, count, cost, steps,
+        steps left of the longest where the worker tells them all in the engine) in
+        claim order. The first `slots` are in the engine, their prompts computed: a
+        told chunk's ending evenly up to its longest's steps left (TAIL_GROUPS), the
+        others spread by their admission (IN_ENGINE_SPREAD). The rest wait."""
+        room, found = float(self.slots), []
+        for order, count, cost, steps, told in requests:
+            if told is not None:
+                groups = max(1, min(TAIL_GROUPS, round(count)))
+                for part in range(groups):
+                    self.run(order, count / groups, min(told, steps) * (part + 1) / groups)
+                room -= count
+                continue
+            taken = min(count, max(room, 0.0))
+            room -= taken
+            if taken > 1e-9:
+                found.append((order, taken, steps))
+            if count - taken > 1e-9:
+                self.put(order, count - taken, cost, steps)
+        total, place = sum(count for _, count, _ in found), 0.0
+        for order, count, steps in found:
+            pieces = max(1, math.ceil(count / 4))
+            for _ in range(pieces):
+                middle = (place + count / pieces / 2) / total
+                self.run(order, count / pieces, steps * (1 - IN_ENGINE_SPREAD * (1 - middle)))
+                place += count / pieces
+
+    def next_end(self) -> float:
+        """When its next group ends (inf: none runs)."""
+        if not self.running:
+            return math.inf
+        steps = max(self.running[0][0] - self.step, 0.0)
+        return self.clock + (self.prompts + steps * self.busy) / self.rate
+
+    def end(self) -> list[int]:
+        """The groups ending now leave their slots; the chunks of which none is left."""
+        closed = []
+        if self.running:  # the clock is there, but for rounding
+            self.step = max(self.step, self.running[0][0])
+        while self.running and self.running[0][0] <= self.step * (1 + 1e-12) + 1e-9:
+            _, seq, order, count = heapq.heappop(self.running)
+            if seq in self.gone:
+                self.gone.discard(seq)
+                continue
+            self.busy = max(self.busy - count, 0.0)
+            self.parts[order] -= 1
+            if self.parts[order] <= 0:
+                del self.parts[order]
+                closed.append(order)
+        if not self.running:
+            self.busy = 0.0
+        self.admit()
+        return closed
 
 
 class _ChunkPlay:
-    """chunk_finish_times' state as it plays forward (one model)."""
+    """chunk_finish_times' state as it plays forward (one model): the dispatcher's
+    window and passes, and each worker's chunk threads and engine (_Engine)."""
 
     def __init__(self, loads: Sequence[Load], state: Dispatch, worker_rate: float,
                  shares: ShareFunction) -> None:
@@ -583,8 +595,7 @@ class _ChunkPlay:
         self.queue = deque(state.queued)
         self.pending = {batch: [chunks, requests] for batch, (chunks, requests)
                         in state.pending.items() if chunks > 0 and batch in self.loads}
-        self.streams = [_Stream(held.slots, worker_rate, self.counted_off(held))
-                        for held in state.workers]
+        self.engines = [_Engine(held.slots, worker_rate) for held in state.workers]
         self.left = Counter(batch for held in state.workers for batch, _ in held.chunks)
         self.left.update(batch for batch, _ in self.queue)
         self.left.update({batch: chunks for batch, (chunks, _) in self.pending.items()})
@@ -593,18 +604,23 @@ class _ChunkPlay:
         heapq.heapify(self.passes)
         self.split: dict[str, float] = {}
         self.members: frozenset[str] = frozenset()
-        # (when it closes, order taken) of the chunks held, an entry no longer its
-        # chunk's close (`when`) once a chunk claimed after it moved it
-        self.closes: list[tuple[float, int]] = []
-        self.when: dict[int, float] = {}
         self.held: dict[int, tuple[int, str, float]] = {}  # order: (worker, batch, cost units)
-        # this instant's, unsettled: (worker, batch, cost units, end, steps left)
-        self.taken: list[tuple[int, str, float, float, float | None]] = []
         self.order = 0
         self.now = 0.0
+        # (when its engine's next group ends, worker, version): an entry is stale
+        # once its worker's engine changed since (`versions`)
+        self.ends: list[tuple[float, int, int]] = []
+        self.versions = [0] * len(state.workers)
         for worker, held in enumerate(state.workers):
+            found = []
             for place, (batch, work) in enumerate(held.chunks):
-                self.hold(worker, batch, work, held.left_steps.get(place))
+                steps = self.steps(batch)
+                found.append((self.claim(worker, batch, work), work / self.cost(batch),
+                              self.cost(batch), steps or self.cost(batch),
+                              held.left_steps.get(place) if steps else None))
+            self.engines[worker].start(found)
+            self.engines[worker].admit()
+            self.changed(worker)
 
     def cost(self, batch: str) -> float:
         return self.loads[batch].cost if batch in self.loads else 1.0
@@ -612,54 +628,25 @@ class _ChunkPlay:
     def steps(self, batch: str) -> float | None:
         return self.loads[batch].steps if batch in self.loads else None
 
-    def counted_off(self, held: Held) -> float:
-        """What `held`'s engine did of the requests in it (Held.done), counted off its
-        stream only while no request follows them: none waits for its slots, none is
-        in the broker's window or pending. Then the engine has just their work left.
-        While requests follow, the engine prefills each as a slot frees, in the same
-        steps as it decodes the ones in it, so those go no faster for the prompts
-        they had computed: with their admissions staggered, the one admitted k-th
-        ends about when the stream, started now, reaches it (a request's time in
-        full slots is the slots' work over the rate, and the k-th has k of those
-        parts left). Counting the work done off there read the real engine's ETAs of
-        running batches early by a median 15 % (5 % on larger batches), against 8 %
-        (3 %) without (docs/benchmarks.md, "The work in the engine"). Nor where the
-        worker tells its chunks' steps left (Held.left_steps): those close from what
-        each has left already, and counting the work done off as well read a chunk
-        half done at half its time left."""
-        follows = self.queue or self.pending or \
-            sum(work / self.cost(batch) for batch, work in held.chunks) > held.slots
-        return 0.0 if follows or held.left_steps else held.done
-
-    def hold(self, worker: int, batch: str, work: float, left: float | None = None) -> None:
-        """`worker` holds a chunk from now: its requests join the worker's stream
-        (`left`: the steps its longest request has left, all of them in the engine)."""
-        end = self.streams[worker].add(work / self.cost(batch), self.cost(batch), self.now,
-                                       self.steps(batch))
+    def claim(self, worker: int, batch: str, work: float) -> int:
+        self.order += 1
+        self.held[self.order] = (worker, batch, work)
         self.holding[worker] += 1
-        self.taken.append((worker, batch, work, end, left))
+        return self.order
 
-    def settle(self) -> None:
-        """When the chunks taken at this instant close, worked out once all of them
-        are in (they share their worker's engine), and when those their workers held
-        before close now: the requests just taken fill the slots beside theirs."""
-        for worker, batch, work, end, left in self.taken:
-            cost, steps = self.cost(batch), self.steps(batch)
-            # A chunk all in the engine: its last request stays for the steps its
-            # longest has left, doing that part of its cost, beside the others for as
-            # many (a whole request's at most).
-            part = 1.0 if left is None or not steps else min(left / steps, 1.0)
-            self.order += 1
-            self.streams[worker].open(self.order, end, work / cost, cost * part, self.now,
-                                      None if steps is None else steps * part)
-            self.held[self.order] = (worker, batch, work)
-        for worker in {worker for worker, *_ in self.taken}:
-            for order in self.streams[worker].opened:
-                when = self.streams[worker].close(order)
-                if self.when.get(order) != when:
-                    self.when[order] = when
-                    heapq.heappush(self.closes, (when, order))
-        self.taken.clear()
+    def changed(self, worker: int) -> None:
+        self.versions[worker] += 1
+        heapq.heappush(self.ends, (self.engines[worker].next_end(), worker,
+                                   self.versions[worker]))
+
+    def hold(self, worker: int, batch: str, work: float) -> None:
+        """`worker` claims a chunk now: its requests wait in its engine behind those
+        claimed before."""
+        engine, cost = self.engines[worker], self.cost(batch)
+        engine.at(self.now)
+        engine.put(self.claim(worker, batch, work), work / cost, cost, self.steps(batch) or cost)
+        engine.admit()
+        self.changed(worker)
 
     def refill(self) -> None:
         """The dispatcher: the lowest pass's next chunk into the window, while it has room."""
@@ -709,54 +696,61 @@ class _ChunkPlay:
                 if self.queue:
                     self.take(worker)
 
-    def close(self) -> str:
-        """The next chunk to close; its worker takes another from the window. Returns
-        its batch."""
-        while True:
-            when, order = heapq.heappop(self.closes)
-            if self.when.get(order) == when:  # else a close a later claim moved
+    def close(self) -> list[str] | None:
+        """Play to the next end of a group of requests on any worker: the batches of
+        the chunks that closed then (their workers take others from the window);
+        None once no engine runs anything."""
+        while self.ends:
+            when, worker, version = heapq.heappop(self.ends)
+            if version == self.versions[worker]:
                 break
-        del self.when[order]
-        worker, batch, work = self.held.pop(order)
-        self.streams[worker].forget(order)
+        else:
+            return None
+        if when == math.inf:
+            return None
         self.now = when
-        self.holding[worker] -= 1
-        self.left[batch] -= 1
-        if batch in self.remaining:
-            self.remaining[batch] = max(self.remaining[batch] - work, 0.0)
+        engine = self.engines[worker]
+        engine.at(when)
+        batches = []
+        for order in engine.end():
+            _, batch, work = self.held.pop(order)
+            self.holding[worker] -= 1
+            self.left[batch] -= 1
+            if batch in self.remaining:
+                self.remaining[batch] = max(self.remaining[batch] - work, 0.0)
+            batches.append(batch)
+        self.changed(worker)
         if self.queue and self.holding[worker] < self.state.workers[worker].threads:
             self.take(worker)
         self.deal()
-        self.settle()
-        return batch
+        return batches
 
 
 def chunk_finish_times(loads: Sequence[Load], state: Dispatch, worker_rate: float,
                        shares: ShareFunction = fair_shares) -> dict[str, float]:
     """Seconds from now until each batch's last chunk on this model closes, playing the
-    dispatcher and the workers forward chunk by chunk: the dispatcher keeps
-    `state.window` chunks in the broker's window, the lowest stride pass first (a
-    chunk of n requests moves its batch's pass by n / share, the shares from
-    `shares` over the batches still pending, as dispatch computes them); a worker
-    with a free chunk thread takes the window's first chunk; each worker runs its
-    chunks' requests at `worker_rate` cost units a second, in the order it claimed
-    them, as many at once as its slots (`_Stream`: one slot serves its chunks one
-    after another). Exact for a scheduler that behaves so, whatever the batches'
-    sizes: a small batch's one chunk waits for the window ahead of it and for the
-    chunks ahead of it on its worker, which a fluid split of the rate cannot say.
-    O(chunks × log) plus a share computation each time a batch runs out of pending
-    chunks."""
+    dispatcher and the workers forward: the dispatcher keeps `state.window` chunks in
+    the broker's window, the lowest stride pass first (a chunk of n requests moves
+    its batch's pass by n / share, the shares from `shares` over the batches still
+    pending, as dispatch computes them); a worker with a free chunk thread takes the
+    window's first chunk; each worker's engine runs its chunks' requests at
+    `worker_rate` cost units a second, admitted in the order it claimed them, as
+    many at once as its slots, request by request (`_Engine`: with one slot it
+    serves its chunks one after another). Exact for a scheduler and engines that
+    behave so, whatever the batches' sizes: a small batch's one chunk waits for the
+    window ahead of it and for the chunks ahead of it on its worker, which a fluid
+    split of the rate cannot say. O(groups × log), the groups a few per chunk, plus
+    a share computation each time a batch runs out of pending chunks."""
     if worker_rate <= 0:
         raise ValueError("chunk_finish_times needs a positive rate")
     play = _ChunkPlay(loads, state, worker_rate, shares)
     finish = {batch: 0.0 for batch in play.loads if play.left[batch] <= 0}
     play.refill()
     play.deal()
-    play.settle()
-    while play.when:
-        batch = play.close()
-        if play.left[batch] <= 0 and batch in play.loads:
-            finish[batch] = play.now
+    while (closed := play.close()) is not None:
+        for batch in closed:
+            if play.left[batch] <= 0 and batch in play.loads:
+                finish[batch] = play.now
     for batch in play.loads:
         finish.setdefault(batch, math.inf)  # no worker can take its chunks
     return finish

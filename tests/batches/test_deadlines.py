@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+from batches import eta
 from batches.deadlines import at_risk, deadline_shares, late
 from batches.eta import (
     PROMPT_WEIGHT_MAX,
@@ -27,6 +28,15 @@ from batches.eta import (
 )
 
 DAY = 86400.0
+
+
+@pytest.fixture
+def whole(monkeypatch):
+    """The requests in an engine at the start of a play with all their steps left
+    (eta.IN_ENGINE_SPREAD at 0), so a case's figures are whole requests' and read
+    by hand; test_the_requests_in_the_engine_are_spread_by_their_admission tries
+    the spread."""
+    monkeypatch.setattr(eta, "IN_ENGINE_SPREAD", 0.0)
 
 
 def test_one_batch_alone_finishes_after_its_work_over_the_rate():
@@ -295,6 +305,7 @@ def play(workers, *, queued=(), window=4, pending=None, passes=None, loads=None,
      [Held(2, (("big", 3.0), ("big", 3.0)))], (("big", 3.0), ("big", 3.0)),
      {"small": (1, 1), "big": (5, 15)}, 2, {"small": 16, "big": 28}),
 ])
+@pytest.mark.usefixtures("whole")
 def test_the_chunk_play(case, workers, queued, pending, window, expected):
     finish = play(workers, queued=queued, pending=pending, window=window,
                   passes={"a": 0.0, "b": 0.0, "big": 0.0, "small": 0.0})
@@ -311,28 +322,22 @@ def test_the_chunk_play(case, workers, queued, pending, window, expected):
     # Six requests in 64 slots: the engine's whole rate is theirs (6 s, not 64).
     ("fewer requests than slots share only among themselves",
      Held(3, (("a", 6.0),), slots=64), {"a": 1.0}, {"a": 6}),
-    # Twelve slots always full of requests of one cost: each chunk of 50 ends when
-    # the stream reaches its end, as one after another.
-    ("full slots of one cost close the chunks in turn",
+    # Twelve slots of requests of one step each (a unit): they go in waves of
+    # twelve, a step of twelve units (12 s) each; a's last two go in the fifth wave
+    # beside ten of b's (60 s), b's last four in the ninth beside eight of c's (108 s),
+    # c's last six alone (6 s after 144).
+    ("full slots of one step go in waves",
      Held(3, (("a", 50.0), ("b", 50.0), ("c", 50.0)), slots=12), {"a": 1.0, "b": 1.0, "c": 1.0},
-     {"a": 50, "b": 100, "c": 150}),
-    # Twelve slots kept full: a's last request enters when 38 are done (38 s) and
-    # ends 12 units later (50 s); b's last one (0.5) enters when 40 are done (40 s),
-    # beside ten of a's and its other one, each counted up to its 0.5: 6 units later.
+     {"a": 60, "b": 108, "c": 150}),
+    # The same waves: b's two requests of half a step go in the fifth beside a's last
+    # two; their half step of four units ends first (50 s), a's last half step then
+    # of two (51 s).
     ("a cheap chunk in full slots ends before the dear one it came behind",
-     Held(3, (("a", 50.0), ("b", 1.0)), slots=12), {"a": 1.0, "b": 0.5}, {"a": 50, "b": 46}),
+     Held(3, (("a", 50.0), ("b", 1.0)), slots=12), {"a": 1.0, "b": 0.5}, {"a": 51, "b": 50}),
     ("a chunk waiting for slots has not started",
      Held(3, (("a", 4.0), ("b", 4.0)), slots=4), {"a": 1.0, "b": 1.0}, {"a": 4, "b": 8}),
-    # The engine did 3 units of the six requests in it (the worker's own figures):
-    # 3 units are left, at the whole rate.
-    ("what the engine did of the requests in it is counted off",
-     Held(3, (("a", 6.0),), slots=64, done=3.0), {"a": 1.0}, {"a": 3}),
-    # b waits for a's slots: the engine will prefill b's requests in the steps that
-    # finish a's, so the 2 units it did of a's are not counted off (_ChunkPlay.counted_off).
-    ("what the engine did is not counted off while a chunk waits for slots",
-     Held(3, (("a", 4.0), ("b", 4.0)), slots=4, done=2.0), {"a": 1.0, "b": 1.0},
-     {"a": 4, "b": 8}),
 ])
+@pytest.mark.usefixtures("whole")
 def test_a_worker_runs_its_chunks_requests_side_by_side_in_its_slots(case, held, costs, expected):
     loads = [Load(batch, sum(work for name, work in held.chunks if name == batch), cost=cost)
              for batch, cost in costs.items()]
@@ -341,11 +346,12 @@ def test_a_worker_runs_its_chunks_requests_side_by_side_in_its_slots(case, held,
 
 
 @pytest.mark.parametrize(("case", "steps", "expected"), [
-    # Twelve requests of 4 units in 64 slots, ten of "long" (4 steps, a unit a step)
-    # and two of "short" (a dear prompt, one step: 4 units in it). Shared by cost, all
-    # twelve end together (48 s). Step by step, as vLLM runs them: the first step does
-    # 10 + 2 x 4 units (18 s) and ends the short ones; the long ones' three steps
-    # left do 10 units each (30 s).
+    # Twelve requests of 4 units claimed into 64 free slots, ten of "long" (4 steps,
+    # a unit a step) and two of "short" (a dear prompt, one step: 3 units of prompt
+    # and the step's). Shared by cost, all twelve end together (48 s). Step by step,
+    # as vLLM runs them: the short ones' prompts first (6 s), then the first step of
+    # twelve units (18 s) ends them; the long ones' three steps left do 10 units
+    # each (30 s).
     ("shared by cost, requests of one cost end together", {}, {"long": 48, "short": 48}),
     ("step by step, a short answer leaves after its step, however dear its prompt",
      {"long": 4.0, "short": 1.0}, {"long": 48, "short": 18}),
@@ -354,13 +360,25 @@ def test_a_worker_runs_its_chunks_requests_side_by_side_in_its_slots(case, held,
      {"long": 4.0, "short": 4.0}, {"long": 48, "short": 48}),
 ])
 def test_requests_share_the_engine_by_their_steps(case, steps, expected):
-    held = Held(3, (("long", 40.0), ("short", 8.0)), slots=64)
     loads = [Load(batch, work, cost=4.0, steps=steps.get(batch))
              for batch, work in (("long", 40.0), ("short", 8.0))]
-    assert chunk_finish_times(loads, Dispatch(workers=(held,)), 1.0) == \
-        pytest.approx(expected), case
+    state = Dispatch(workers=(Held(3, slots=64),), queued=(("long", 40.0), ("short", 8.0)))
+    assert chunk_finish_times(loads, state, 1.0) == pytest.approx(expected), case
 
 
+def test_requests_found_in_the_engine_have_computed_their_prompts():
+    # The same twelve found in the engine at the start: only their steps are left.
+    # The first step of twelve units (12 s) ends the short ones, the long ones' three
+    # steps left then 30 s.
+    held = Held(3, (("long", 40.0), ("short", 8.0)), slots=64)
+    loads = [Load("long", 40.0, cost=4.0, steps=4.0), Load("short", 8.0, cost=4.0, steps=1.0)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(eta, "IN_ENGINE_SPREAD", 0.0)
+        assert chunk_finish_times(loads, Dispatch(workers=(held,)), 1.0) == \
+            pytest.approx({"long": 42, "short": 12})
+
+
+@pytest.mark.usefixtures("whole")
 def test_a_chunk_s_close_counts_the_requests_claimed_after_it():
     # One worker of two slots and two chunk threads at 1 unit a second, holding "a"
     # (one request of 10 steps, a unit each) and "b" (one of 2 steps at 1 a step),
@@ -377,6 +395,7 @@ def test_a_chunk_s_close_counts_the_requests_claimed_after_it():
     assert finish["b"] == pytest.approx(4)
 
 
+@pytest.mark.usefixtures("whole")
 def test_a_batch_s_pending_chunks_are_full_but_its_last():
     # One worker, one slot, a window of one chunk; "a" has 60 requests left in two
     # chunks of at most 50 (50 and 10, as validation cut them), "b" 50 in one, at
@@ -400,20 +419,24 @@ def test_a_request_s_steps_are_one_plus_its_answer(done, tokens, prior, answer, 
     assert request_steps(done, tokens, prior, answer) == expected
 
 
-def test_what_the_engine_did_is_counted_off_only_while_nothing_follows():
-    # Six requests in the engine, 3 of their 6 units done. Alone, 3 units are left
-    # (3 s). With a chunk in the broker's window, or pending, that the worker takes
-    # at once, its request is prefilled beside them: nothing is counted off.
-    held = Held(3, (("a", 6.0),), slots=64, done=3.0)
-    loads = [Load("a", 6.0), Load("b", 1.0)]
-    assert chunk_finish_times(loads[:1], Dispatch(workers=(held,)), 1.0) == \
-        pytest.approx({"a": 3})
-    window = Dispatch(workers=(held,), queued=(("b", 1.0),))
-    assert chunk_finish_times(loads, window, 1.0) == pytest.approx({"a": 7, "b": 7})
-    pending = Dispatch(workers=(held,), pending={"b": (1, 1)}, passes={"b": 0.0})
-    assert chunk_finish_times(loads, pending, 1.0) == pytest.approx({"a": 7, "b": 7})
+def test_the_requests_in_the_engine_are_spread_by_their_admission():
+    # 64 requests of 10 steps found in 64 slots, the worker telling nothing of them:
+    # the oldest with half of their steps left, the newest with all (IN_ENGINE_SPREAD
+    # 0.5), in groups of four by admission. 7.5 steps each on average, a unit a
+    # step: 480 s, where counted whole it is 640.
+    loads = [Load("a", 640.0, cost=10.0, steps=10.0)]
+    held = Held(3, (("a", 640.0),), slots=64)
+    assert eta.IN_ENGINE_SPREAD == 0.5
+    assert chunk_finish_times(loads, Dispatch(workers=(held,)), 1.0) == pytest.approx({"a": 480})
+    # Those behind the slots wait, whole, prompts and all: 32 more of 10 steps with a
+    # prompt of 5 units each. The engine is never idle, so it takes all the units
+    # over the rate: 480 + 32 x 15.
+    dear = [Load("a", 1440.0, cost=15.0, steps=10.0)]
+    behind = Held(3, (("a", 1440.0),), slots=64)
+    assert chunk_finish_times(dear, Dispatch(workers=(behind,)), 1.0) == pytest.approx({"a": 960})
 
 
+@pytest.mark.usefixtures("whole")
 def test_a_chunk_all_in_the_engine_stays_for_the_steps_its_longest_has_left():
     # The worker of the close test above, its engine telling that a's one request
     # (10 steps) has 3 steps left (Held.left_steps). a's last 3 steps: 2 beside b
@@ -432,18 +455,36 @@ def test_a_chunk_all_in_the_engine_stays_for_the_steps_its_longest_has_left():
                               1.0)["a"] == pytest.approx(14)
 
 
-def test_the_steps_left_are_not_counted_off_twice_with_the_work_done():
-    # 64 requests of 10 steps in 64 slots, nothing behind them, half done: the
-    # worker says 320 of their 640 units are done (Held.done) and that each has 5
-    # steps left at most (Held.left_steps). Full slots for 5 steps of 64 units:
-    # 320 s, told either way; both counted off read 160.
+def test_a_chunk_all_in_the_engine_ends_evenly_up_to_its_longest():
+    # 64 requests of 10 steps in 64 slots, each with 5 steps left at most
+    # (Held.left_steps): four groups of 16 end at 1.25, 2.5, 3.75 and 5 steps, 200
+    # request-steps at a unit each: 200 s, the last with the longest. The worker's
+    # figure for the work its engine did (Held.done) is not played.
     loads = [Load("a", 640.0, cost=10.0, steps=10.0)]
-    for told in ({0: 5.0}, {}):
-        held = Held(3, (("a", 640.0),), slots=64, done=320.0, left_steps=told)
+    for done in (0.0, 320.0):
+        held = Held(3, (("a", 640.0),), slots=64, done=done, left_steps={0: 5.0})
         assert chunk_finish_times(loads, Dispatch(workers=(held,)), 1.0) == \
-            pytest.approx({"a": 320})
+            pytest.approx({"a": 200})
 
 
+def test_far_ahead_a_chunk_s_requests_admitted_near_together_end_together(monkeypatch):
+    """Three batches of one-request steps 7, 19 and 40 long, 30 chunks of 50 each, on
+    one worker of 12 slots: the short ones' ends admit a few requests at a time, and
+    the groups would split down to single requests. Past EXACT_TURNS of the slots a
+    chunk's requests admitted near together end together (MERGE_STEPS): the batches
+    end within 1 % of the exact play."""
+    loads = [Load(name, 1500.0 * steps, chunk=50.0 * steps, cost=steps, steps=steps)
+             for name, steps in (("a", 7.0), ("b", 19.0), ("c", 40.0))]
+    state = Dispatch(workers=(Held(3, slots=12),), window=4,
+                     pending={name: (30, 1500) for name in "abc"})
+    merged = chunk_finish_times(loads, state, 1.0)
+    monkeypatch.setattr(eta, "EXACT_TURNS", 10**9)
+    exact = chunk_finish_times(loads, state, 1.0)
+    assert merged == pytest.approx(exact, rel=0.01)
+    assert merged != exact  # it merged
+
+
+@pytest.mark.usefixtures("whole")
 def test_the_chunk_play_follows_the_shares_it_is_given():
     # Two batches with 4 chunks of one request each, one worker, a window of one:
     # equal shares alternate them; "b" with three times the share goes three to one.
@@ -456,6 +497,7 @@ def test_the_chunk_play_follows_the_shares_it_is_given():
     assert weighted == pytest.approx({"a": 8, "b": 6})
 
 
+@pytest.mark.usefixtures("whole")
 def test_the_chunk_play_is_the_fluid_play_for_many_chunks():
     """Batches of 200 and 400 one-request chunks on four workers: the chunk play and
     the fluid split (whose tail spreads the last chunks over fewer workers) agree to

@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from batches import chunks, dispatch, estimates, services
+from batches import chunks, dispatch, estimates, eta, services
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, ModelThroughput
 from fleet import selectors as fleet_selectors
 from fleet.models import Worker
@@ -18,6 +18,13 @@ from serving.model_info import served_model
 from tests.concurrency import require_concurrent_database, run_together
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def whole(monkeypatch):
+    """The requests in an engine at the start of a play with all their steps left
+    (eta.IN_ENGINE_SPREAD at 0), so a case's figures are whole requests'."""
+    monkeypatch.setattr(eta, "IN_ENGINE_SPREAD", 0.0)
 
 
 def eta_of(batch: Batch, now) -> float:
@@ -587,6 +594,7 @@ def test_a_running_batch_s_requests_left_are_costed_by_their_limits(running_batc
     assert eta_of(batch, now) == pytest.approx(seconds)
 
 
+@pytest.mark.usefixtures("whole")
 def test_a_batch_whose_work_all_runs_already_ends_with_its_running_chunks(running_batch):
     """Chunks in flight keep their worker whatever the shares: a batch with nothing
     left to dispatch ends when its last chunk closes on the worker holding it, not at
@@ -621,6 +629,7 @@ def test_a_batch_not_yet_dispatched_waits_for_the_broker_s_window_ahead_of_it(ru
     assert eta_of(late, now) == pytest.approx(5 + 2)
 
 
+@pytest.mark.usefixtures("whole")
 def test_chunks_held_by_a_busy_worker_wait_for_it_while_another_is_idle(running_batch):
     """A worker serves the chunks it holds one after another, in the order it
     claimed them; an idle worker cannot take them over."""
@@ -640,29 +649,36 @@ def test_chunks_held_by_a_busy_worker_wait_for_it_while_another_is_idle(running_
     assert eta_of(held, now) == pytest.approx(6)
 
 
-def test_what_a_worker_s_engine_did_of_the_requests_it_runs_is_counted_off(running_batch):
-    """The worker says its engine generated 1 token for the 2 requests it runs (1
-    cost unit a request, 2 a second): half their work is left, 0.5 s, not 1 s."""
+def test_the_requests_a_worker_runs_are_spread_by_their_admission(running_batch):
+    """A worker's two requests of a unit each (2 a second) are read halfway between
+    half and all of their step left (eta.IN_ENGINE_SPREAD), whatever its engine says
+    it did of them (tokens_in_flight: recorded as Held.done, not played): 0.75 s."""
     model = served_model().id
     live_workers(1, model)
     batch = running_batch(2, chunk_size=2)
     now = timezone.now()
     measured_at(now, model, rate=2)
     running_on("w0", batch, 0, now - timedelta(seconds=1))
-    Worker.objects.filter(name="w0").update(tokens_in_flight=1)
+    etas = []
+    for tokens in (0, 1):
+        Worker.objects.filter(name="w0").update(tokens_in_flight=tokens)
+        estimates.estimates_refresh(now)
+        etas.append(eta_of(batch, now))
 
-    estimates.estimates_refresh(now)
-
-    assert eta_of(batch, now) == pytest.approx(0.5)
+    assert etas == pytest.approx([0.75, 0.75])
 
 
+@pytest.mark.usefixtures("whole")
 def test_a_chunk_whose_requests_are_all_in_the_engine_ends_when_its_longest_has(
         running_batch):
     """The worker's heartbeat names the requests of each chunk in its engine and the
     most tokens one may still generate (Worker.chunk_tails). Its two requests of 100
     steps (99 output tokens, 100 cost units each) in its two slots take 10 s from
-    their start at 20 units a second; with 29 tokens at most left (30 steps), 3 s.
-    Told of only one of them, or of one without a limit, the chunk is read whole."""
+    their start at 20 units a second; with 29 tokens at most left (30 steps), they
+    end evenly up to the longest's 30 steps, at 15 and 30: 45 units, 2.25 s; told of
+    more steps than a whole request's (a limit above the answers), up to a whole
+    request's, at 50 and 100: 7.5 s. Told of only one of them, or of one without a
+    limit, the chunk is read whole."""
     model = served_model().id
     live_workers(1, model)
     batch = running_batch(4, chunk_size=2)
@@ -678,7 +694,7 @@ def test_a_chunk_whose_requests_are_all_in_the_engine_ends_when_its_longest_has(
         etas.append(eta_of(batch, now))
 
     assert ModelThroughput.objects.get(model=model).rate == pytest.approx(20)
-    assert etas == pytest.approx([10, 10, 10, 3, 10])
+    assert etas == pytest.approx([10, 10, 10, 2.25, 7.5])
 
 
 def observed():

@@ -28,6 +28,13 @@ from tests.batches.test_estimates import (
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def whole(monkeypatch):
+    """The requests in an engine at the start of a play with all their steps left
+    (eta.IN_ENGINE_SPREAD at 0): the plays here are whole requests', read by hand."""
+    monkeypatch.setattr(eta, "IN_ENGINE_SPREAD", 0.0)
+
+
 def test_a_refresh_s_play_is_recorded_and_plays_again_to_the_etas_it_wrote(
         running_batch, settings, tmp_path):
     """Two workers: one runs a chunk whose requests are all in its engine (its steps
