@@ -499,7 +499,7 @@ class _Engine:
         end = self.step + max(left, 1e-6)
         self.busy += count
         last = self.last.get(order)
-        if last is not None and last[1] not in self.gone and end - last[0] <= merge:
+        if last is not None and last[1] not in self.gone and 0.0 <= end - last[0] <= merge:
             self.gone.add(last[1])
             end = (last[0] * last[2] + end * count) / (last[2] + count)
             count += last[2]
@@ -532,7 +532,8 @@ class _Engine:
         steps left of the longest where the worker tells them all in the engine) in
         claim order. The first `slots` are in the engine, their prompts computed: a
         told chunk's ending evenly up to its longest's steps left (TAIL_GROUPS), the
-        others spread by their admission (IN_ENGINE_SPREAD). The rest wait."""
+        others spread by their admission (IN_ENGINE_SPREAD), four requests a group at
+        most. The rest wait."""
         room, found = float(self.slots), []
         for order, count, cost, steps, told in requests:
             if told is not None:
