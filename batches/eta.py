@@ -441,7 +441,7 @@ TAIL_GROUPS = 4
 # requests admitted within this part of their steps of its last group join it, at
 # their mean end: where requests of several lengths share few slots, each end admits
 # a few and the groups split down to single requests (a simulated 50,000-request
-# workload on 12 slots: 45 events a chunk, 80 ms a play of 64,000 requests; 22 ms
+# workload on 12 slots: 45 events a chunk, 80 ms a play of 64,000 requests; 19 ms
 # so). The recorded real-engine runs' ETAs read the same (docs/benchmarks.md).
 EXACT_TURNS = 32
 MERGE_STEPS = 0.1
