@@ -496,7 +496,7 @@ class _Engine:
         """`count` requests of chunk `order` in the engine, `left` steps from their end;
         merged into the chunk's last group where that ends within `merge` steps."""
         self.seq += 1
-        end = self.step + max(left, 1e-6)
+        end = self.step + max(left, 0.0)
         self.busy += count
         last = self.last.get(order)
         if last is not None and last[1] not in self.gone and 0.0 <= end - last[0] <= merge:
@@ -536,6 +536,9 @@ class _Engine:
         most. The rest wait."""
         room, found = float(self.slots), []
         for order, count, cost, steps, told in requests:
+            if count <= 1e-9:  # its requests all ended: it closes now
+                self.run(order, 0.0, 0.0)
+                continue
             if told is not None:
                 groups = max(1, min(TAIL_GROUPS, round(count)))
                 for part in range(groups):

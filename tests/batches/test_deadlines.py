@@ -467,6 +467,17 @@ def test_a_chunk_all_in_the_engine_ends_evenly_up_to_its_longest():
             pytest.approx({"a": 200})
 
 
+def test_a_held_chunk_with_nothing_left_closes_now():
+    # Its requests all ended, not yet flushed: it closes at once, and the worker's
+    # next chunk runs alone (its 4 requests of a unit, in 64 slots: 4 s).
+    loads = [Load("a", 0.0), Load("b", 4.0)]
+    held = Held(3, (("a", 0.0), ("b", 4.0)), slots=64)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(eta, "IN_ENGINE_SPREAD", 0.0)
+        assert chunk_finish_times(loads, Dispatch(workers=(held,)), 1.0) == \
+            pytest.approx({"a": 0, "b": 4})
+
+
 def test_far_ahead_a_chunk_s_requests_admitted_near_together_end_together(monkeypatch):
     """Three batches of one-request steps 7, 19 and 40 long, 30 chunks of 50 each, on
     one worker of 12 slots: the short ones' ends admit a few requests at a time, and
