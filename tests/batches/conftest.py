@@ -5,11 +5,19 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from batches import services
+from batches import eta, services
 from batches.intake import intake_reserved
 from batches.models import Batch, Chunk
 from files import storage
 from tests.conftest import chat_line, jsonl
+
+
+@pytest.fixture
+def whole(monkeypatch):
+    """The requests in an engine at the start of an ETA play with all their steps
+    left (eta.IN_ENGINE_SPREAD at 0), so a case's figures are whole requests' and
+    read by hand; tests/batches/test_deadlines.py tries the spread itself."""
+    monkeypatch.setattr(eta, "IN_ENGINE_SPREAD", 0.0)
 
 
 @pytest.fixture

@@ -30,15 +30,6 @@ from batches.eta import (
 DAY = 86400.0
 
 
-@pytest.fixture
-def whole(monkeypatch):
-    """The requests in an engine at the start of a play with all their steps left
-    (eta.IN_ENGINE_SPREAD at 0), so a case's figures are whole requests' and read
-    by hand; test_the_requests_in_the_engine_are_spread_by_their_admission tries
-    the spread."""
-    monkeypatch.setattr(eta, "IN_ENGINE_SPREAD", 0.0)
-
-
 def test_one_batch_alone_finishes_after_its_work_over_the_rate():
     assert finish_times([Load("a", 1000)], rate=10) == {"a": pytest.approx(100)}
 
@@ -366,16 +357,15 @@ def test_requests_share_the_engine_by_their_steps(case, steps, expected):
     assert chunk_finish_times(loads, state, 1.0) == pytest.approx(expected), case
 
 
+@pytest.mark.usefixtures("whole")
 def test_requests_found_in_the_engine_have_computed_their_prompts():
     # The same twelve found in the engine at the start: only their steps are left.
     # The first step of twelve units (12 s) ends the short ones, the long ones' three
     # steps left then 30 s.
     held = Held(3, (("long", 40.0), ("short", 8.0)), slots=64)
     loads = [Load("long", 40.0, cost=4.0, steps=4.0), Load("short", 8.0, cost=4.0, steps=1.0)]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(eta, "IN_ENGINE_SPREAD", 0.0)
-        assert chunk_finish_times(loads, Dispatch(workers=(held,)), 1.0) == \
-            pytest.approx({"long": 42, "short": 12})
+    assert chunk_finish_times(loads, Dispatch(workers=(held,)), 1.0) == \
+        pytest.approx({"long": 42, "short": 12})
 
 
 @pytest.mark.usefixtures("whole")
@@ -467,15 +457,14 @@ def test_a_chunk_all_in_the_engine_ends_evenly_up_to_its_longest():
             pytest.approx({"a": 200})
 
 
+@pytest.mark.usefixtures("whole")
 def test_a_held_chunk_with_nothing_left_closes_now():
     # Its requests all ended, not yet flushed: it closes at once, and the worker's
     # next chunk runs alone (its 4 requests of a unit, in 64 slots: 4 s).
     loads = [Load("a", 0.0), Load("b", 4.0)]
     held = Held(3, (("a", 0.0), ("b", 4.0)), slots=64)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(eta, "IN_ENGINE_SPREAD", 0.0)
-        assert chunk_finish_times(loads, Dispatch(workers=(held,)), 1.0) == \
-            pytest.approx({"a": 0, "b": 4})
+    assert chunk_finish_times(loads, Dispatch(workers=(held,)), 1.0) == \
+        pytest.approx({"a": 0, "b": 4})
 
 
 def test_far_ahead_a_chunk_s_requests_admitted_near_together_end_together(monkeypatch):

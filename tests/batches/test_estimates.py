@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from batches import chunks, dispatch, estimates, eta, services
+from batches import chunks, dispatch, estimates, services
 from batches.models import Batch, BatchStatus, Chunk, ChunkStatus, ModelThroughput
 from fleet import selectors as fleet_selectors
 from fleet.models import Worker
@@ -18,13 +18,6 @@ from serving.model_info import served_model
 from tests.concurrency import require_concurrent_database, run_together
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def whole(monkeypatch):
-    """The requests in an engine at the start of a play with all their steps left
-    (eta.IN_ENGINE_SPREAD at 0), so a case's figures are whole requests'."""
-    monkeypatch.setattr(eta, "IN_ENGINE_SPREAD", 0.0)
 
 
 def eta_of(batch: Batch, now) -> float:

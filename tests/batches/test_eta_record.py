@@ -25,14 +25,8 @@ from tests.batches.test_estimates import (
     worked,
 )
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def whole(monkeypatch):
-    """The requests in an engine at the start of a play with all their steps left
-    (eta.IN_ENGINE_SPREAD at 0): the plays here are whole requests', read by hand."""
-    monkeypatch.setattr(eta, "IN_ENGINE_SPREAD", 0.0)
+# The plays here are whole requests', read by hand (conftest's `whole`).
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("whole")]
 
 
 def test_a_refresh_s_play_is_recorded_and_plays_again_to_the_etas_it_wrote(
