@@ -204,13 +204,20 @@ def request_cost(done: int, output_tokens: int, fallback: float = 1.0, prompt_to
 
 
 def request_steps(done: int, output_tokens: int, prior: float | None = None,
-                  answer: float | None = None) -> float | None:
+                  answer: float | None = None, limit: float | None = None) -> float | None:
     """The steps one request of a batch stays in an engine's slots for (Load.steps):
     one plus the output tokens request_cost counts for it (its answers so far, or
     `answer`, left_output's); before any finished, one plus the answer prior
-    (`prior`); None without either."""
+    (`prior`); before the model has a history to give one, one plus the batch's
+    mean output limit (`limit`, the most a request can answer); None without any.
+    Unknown steps are played as sharing by cost with no prompt to compute
+    (_ChunkPlay), so the requests of the batch behind a model's first one filled
+    its freed slots without stalling its last steps, and it read 33-73 % early
+    (docs/benchmarks.md, "A model's first batch")."""
     if done <= 0:
-        return None if prior is None else 1.0 + prior
+        if prior is not None:
+            return 1.0 + prior
+        return 1.0 + limit if limit else None
     return 1.0 + (output_tokens / done if answer is None else answer)
 
 

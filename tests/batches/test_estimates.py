@@ -489,6 +489,29 @@ def test_a_batch_before_any_answer_is_estimated_by_its_max_tokens(running_batch,
     assert eta_seconds == pytest.approx(seconds)
 
 
+@pytest.mark.parametrize(("limit", "cost", "steps"), [
+    (8, 101, 9),  # one plus its lines' mean max_tokens, the most it can answer
+    (400, 101, 101),  # no more steps than its cost: no answer of 400 costing 101
+    (None, 101, None),  # nothing known: the play shares the engine by cost
+])
+def test_before_the_model_has_a_history_a_request_s_steps_are_its_limit(running_batch, limit,
+                                                                        cost, steps):
+    """Before a model has finished a batch there is no answer prior (eta.answer_prior),
+    so a batch's steps in an engine come from its own lines' output limits, the cost
+    staying the model's mean (load_of): its requests' prompts are then computed at
+    admission, in the slots the batch ahead frees."""
+    model = served_model().id
+    now = timezone.now()
+    measured_at(now, model, rate=10, cost_per_request=cost)
+    batch = running_batch(10, chunk_size=5)
+    Batch.objects.filter(id=batch.id).update(output_limit_mean=limit)
+    row = Batch.objects.values_list(*estimates.COLUMNS).get(id=batch.id)
+
+    load = estimates.load_of(row, 10, ModelThroughput.objects.get(model=model), now, [])
+
+    assert (load.cost, load.steps) == (cost, steps)
+
+
 @pytest.mark.parametrize(("answered", "seconds"), [
     (True, 10 * (1 + (8 + 0.5 * (60 - 20)) / 2) / 10),  # its own: cached tokens left out
     (False, 10 * (1 + 20 * 0.5 + 0.5 * 30) / 10),  # as the model's finished batch took
