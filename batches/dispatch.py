@@ -6,8 +6,9 @@ Why not publish a whole batch at once: a broker queue is first in, first out, so
 Instead the broker holds only a short window (enough chunks to keep every worker's
 chunk threads busy) and each time a chunk closes the next one is chosen by stride
 scheduling: every in-progress batch with pending chunks has a pass value that grows
-by requests/share as it is served, and the lowest pass goes next (`batch_shares`:
-API keys share by their `weight`, a key's batches split its share by priority).
+by requests/share as it is served, and the lowest pass goes next, the older batch
+where two are level (first come, first served; `batch_shares`: API keys share by
+their `weight`, a key's batches split its share by priority).
 Equal shares give round-robin by requests; priority 3 gets three times the share of
 a priority 1 batch of the same key. A batch joining the race starts at the lowest
 pass of those already running, so it neither starves them nor waits behind them.
@@ -139,18 +140,21 @@ def _choose(model: str, advanced: dict[str, float]) -> list[tuple[str, int, int]
                       .distinct().values_list("dispatch_pass", "id", "priority", "owner_id",
                                               "owner__weight", "expires_at", "total",
                                               "completed", "failed", "usage_output_tokens",
-                                              F("usage_input_tokens") - F("usage_cached_tokens")))
+                                              F("usage_input_tokens") - F("usage_cached_tokens"),
+                                              "created_at"))
     shares = batch_shares([(batch_id, priority, owner_id, weight)
                            for _, batch_id, priority, owner_id, weight, *_ in candidates])
     if settings.BATCHGEN_DEADLINE_POLICY and len(candidates) > 1:
         shares = deadline_adjusted(model, candidates, shares)
-    heap = [(advanced.get(batch_id, passed), batch_id, shares[batch_id])
-            for passed, batch_id, *_ in candidates]
+    # Level passes go to the older batch (a new batch starts level with the lowest),
+    # then by id: the order repeats from run to run, and the ETA's play follows it.
+    heap = [(advanced.get(batch_id, passed), created, batch_id, shares[batch_id])
+            for passed, batch_id, *_, created in candidates]
     heapq.heapify(heap)
     pending: dict[str, deque] = {}
     refs: list[tuple[str, int, int]] = []
     while heap and len(refs) < room:
-        passed, batch_id, share = heapq.heappop(heap)
+        passed, created, batch_id, share = heapq.heappop(heap)
         if batch_id not in pending:
             pending[batch_id] = deque(
                 Chunk.objects.filter(batch_id=batch_id, status=ChunkStatus.PENDING,
@@ -162,7 +166,7 @@ def _choose(model: str, advanced: dict[str, float]) -> list[tuple[str, int, int]
         refs.append((batch_id, chunk_id, index))
         passed += count / share
         advanced[batch_id] = passed
-        heapq.heappush(heap, (passed, batch_id, share))
+        heapq.heappush(heap, (passed, created, batch_id, share))
     return refs
 
 
@@ -178,7 +182,7 @@ def deadline_adjusted(model: str, candidates: list[tuple], shares: dict[str, flo
     now = timezone.now()
     loads = []
     for _, batch_id, priority, owner_id, weight, expires_at, total, completed, failed, \
-            tokens, prompt in candidates:
+            tokens, prompt, _ in candidates:
         cost = request_cost(completed + failed, tokens, measured.cost_per_request, prompt,
                             measured.prompt_weight)
         loads.append(Load(batch_id=batch_id, priority=priority, owner=owner_id, weight=weight,

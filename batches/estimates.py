@@ -71,7 +71,7 @@ CHUNKS_PER_WORKER = 8
 COLUMNS = ("id", "priority", "owner_id", "owner__weight", "expires_at", "completed", "failed",
            "usage_output_tokens", "estimated_completion_at", "at_risk", "output_limit_mean",
            "model", "dispatch_pass", "usage_input_tokens", "usage_cached_tokens", "total",
-           "output_limit_done")
+           "output_limit_done", "created_at")
 # Finished batches the answer-length prior learns from, per model.
 PRIOR_BATCHES = 50
 # The model's rate now: the cost units its workers did between refreshes (their
@@ -469,7 +469,7 @@ def load_of(row: tuple, requests: int, measured: ModelThroughput | None,
     return eta.Load(batch_id=batch_id, remaining=requests * cost, priority=priority,
                     owner=owner_id, weight=weight, chunk=settings.BATCHGEN_CHUNK_SIZE * cost,
                     cost=cost, steps=None if steps is None else min(steps, cost),
-                    time_left=(expires_at - now).total_seconds())
+                    time_left=(expires_at - now).total_seconds(), created=row[17].timestamp())
 
 
 def at_risk_count() -> int:
@@ -515,7 +515,8 @@ def admission_eta(*, model: str, requests: int, window_seconds: float, priority:
     loads.append(eta.Load(batch_id="", remaining=requests * measured.cost_per_request,
                           priority=priority, owner=owner_id, weight=weight,
                           chunk=size * measured.cost_per_request,
-                          cost=measured.cost_per_request, time_left=window_seconds))
+                          cost=measured.cost_per_request, time_left=window_seconds,
+                          created=now.timestamp()))
     chunks.pending[""] = (max(1, math.ceil(requests / size)), requests)
     passes[""] = starting_pass()  # as batch_validate will give it
     played = play(loads, chunks, measured, passes,

@@ -65,6 +65,9 @@ class Load:
     # cost units (processor sharing, each request taking as much of the engine as it
     # costs).
     steps: float | None = None
+    # When it was created (Unix seconds): dispatch gives level passes to the older
+    # batch. 0 where unknown (the runs recorded before it): then by id, as they ran.
+    created: float = 0.0
 
 
 ShareFunction = Callable[[Sequence[Load]], dict[str, float]]
@@ -611,7 +614,8 @@ class _ChunkPlay:
         self.left.update(batch for batch, _ in self.queue)
         self.left.update({batch: chunks for batch, (chunks, _) in self.pending.items()})
         self.remaining = {batch: load.remaining for batch, load in self.loads.items()}
-        self.passes = [(state.passes.get(batch, 0.0), batch) for batch in self.pending]
+        self.passes = [(state.passes.get(batch, 0.0), self.loads[batch].created, batch)
+                       for batch in self.pending]
         heapq.heapify(self.passes)
         self.split: dict[str, float] = {}
         self.members: frozenset[str] = frozenset()
@@ -660,7 +664,8 @@ class _ChunkPlay:
         self.changed(worker)
 
     def refill(self) -> None:
-        """The dispatcher: the lowest pass's next chunk into the window, while it has room."""
+        """The dispatcher: the lowest pass's next chunk (the older batch's where level)
+        into the window, while it has room."""
         while len(self.queue) < self.state.window and self.passes:
             if self.members != frozenset(self.pending):
                 self.members = frozenset(self.pending)
@@ -668,13 +673,13 @@ class _ChunkPlay:
                     self.loads[batch], remaining=self.remaining[batch],
                     time_left=None if self.loads[batch].time_left is None
                     else self.loads[batch].time_left - self.now) for batch in self.members])
-            passed, batch = heapq.heappop(self.passes)
+            passed, created, batch = heapq.heappop(self.passes)
             chunks, requests = self.pending[batch]
             count = self.next_chunk(batch, chunks, requests)
             self.queue.append((batch, count * self.loads[batch].cost))
             if chunks > 1:
                 self.pending[batch] = [chunks - 1, requests - count]
-                heapq.heappush(self.passes, (passed + count / self.split[batch], batch))
+                heapq.heappush(self.passes, (passed + count / self.split[batch], created, batch))
             else:
                 del self.pending[batch]
 

@@ -124,7 +124,7 @@ class Fleet:
             cost = request_cost(round(batch.done), round(batch.out_done), self.cost_per_request)
             loads.append(Load(batch_id=batch.id, remaining=(batch.total - batch.done) * cost,
                               owner=batch.owner, time_left=batch.arrive + batch.window - self.now,
-                              chunk=CHUNK * cost, cost=cost))
+                              chunk=CHUNK * cost, cost=cost, created=batch.arrive))
         return loads
 
     def active(self) -> list[SimBatch]:
@@ -200,7 +200,7 @@ class Fleet:
                 if not waiting:
                     return
                 shares = self.shares()
-                batch = min(waiting, key=lambda b: (b.passed, b.id))
+                batch = min(waiting, key=lambda b: (b.passed, b.arrive, b.id))  # as dispatch
                 start, count = batch.chunks.pop(0)
                 outputs = sum(batch.outputs[start:start + count])
                 prompts = sum(batch.prompts[start:start + count])

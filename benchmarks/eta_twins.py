@@ -5,7 +5,8 @@ way in both.
 Two runs of one seed create the same batches of the same lines at the same moments
 (benchmarks/eta.py --seed); what differs is how the engine's steps fell, and what
 that did to the schedule (which batch's chunk the dispatcher sent first when a batch
-came, ties between passes broken by the batches' random ids). So a batch's time from
+came, ties between passes broken by the batches' random ids in the runs kept, which
+dispatch now breaks by creation). So a batch's time from
 its 50 % reading to its end in one run, taken as the prediction of that time in the
 other, is a predictor that knows the whole workload and every batch created after
 the reading, but not the run's own state. Where the twins' times agree (their

@@ -386,6 +386,22 @@ def test_a_chunk_s_close_counts_the_requests_claimed_after_it():
 
 
 @pytest.mark.usefixtures("whole")
+@pytest.mark.parametrize(("created", "first"), [((2.0, 1.0), "b"), ((1.0, 2.0), "a"),
+                                                 ((0.0, 0.0), "a")])
+def test_level_passes_go_to_the_older_batch(created, first):
+    # One worker, one slot, a window of one chunk; "a" and "b" each one chunk of 50
+    # requests at the same pass: the older goes first and ends at 50, the other at
+    # 100, as dispatch breaks the tie. Created unknown (recorded before): by id.
+    loads = [Load("a", 50.0, chunk=50.0, created=created[0]),
+             Load("b", 50.0, chunk=50.0, created=created[1])]
+    state = Dispatch(workers=(Held(1),), window=1, pending={"a": (1, 50), "b": (1, 50)},
+                     passes={"a": 3.0, "b": 3.0})
+    finish = chunk_finish_times(loads, state, 1.0)
+    assert finish[first] == pytest.approx(50)
+    assert finish[({"a", "b"} - {first}).pop()] == pytest.approx(100)
+
+
+@pytest.mark.usefixtures("whole")
 def test_a_batch_s_pending_chunks_are_full_but_its_last():
     # One worker, one slot, a window of one chunk; "a" has 60 requests left in two
     # chunks of at most 50 (50 and 10, as validation cut them), "b" 50 in one, at

@@ -5,8 +5,10 @@ nothing by splitting its work into many batches."""
 from __future__ import annotations
 
 from collections import Counter
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from batches import dispatch, services
 from batches.dispatch import batch_shares
@@ -60,6 +62,26 @@ def test_a_key_of_weight_two_gets_twice_the_requests_of_a_key_with_two_batches(
                        .values_list("batch_id", flat=True))
     assert by_batch[batch_a.id] == 20
     assert by_batch[b1.id] == by_batch[b2.id] == 5
+
+
+@pytest.mark.parametrize("older", [0, 1])
+def test_level_passes_go_to_the_older_batch_whatever_their_ids(keyed, monkeypatch, older):
+    """A new batch starts level with the lowest pass: the older one goes first (first
+    come, first served), not the one whose random id sorts first."""
+    key, raw = apikey_create(name="team")
+    batches = sorted((keyed(raw, key, 3) for _ in range(2)), key=lambda batch: batch.id)
+    now = timezone.now()
+    for n, batch in enumerate(batches):
+        Batch.objects.filter(id=batch.id).update(
+            dispatch_pass=7.0, created_at=now - timedelta(minutes=1 if n == older else 0))
+    monkeypatch.setattr("fleet.selectors.dispatch_window", lambda model: 5)
+
+    assert dispatch.dispatch() == 5
+
+    # Turn about from the same pass, the older first: it has the odd fifth chunk.
+    by_batch = Counter(Chunk.objects.filter(status=ChunkStatus.QUEUED)
+                       .values_list("batch_id", flat=True))
+    assert (by_batch[batches[older].id], by_batch[batches[1 - older].id]) == (3, 2)
 
 
 def test_a_weight_changed_in_the_admin_applies_at_the_next_dispatch(keyed, monkeypatch):
