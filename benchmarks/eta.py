@@ -444,20 +444,28 @@ def cost_left(samples: list[tuple[float, list[tuple]]], label: str) -> dict:
 # --- the scenarios ---------------------------------------------------------------------------
 
 
-def accuracy(work: Path, args, root: Path = ROOT, label: str = "this") -> dict:
+def workload(args) -> list[tuple[float, int, int, bytes]]:
+    """The accuracy scenario's batches, a function of --seed, --batches, --largest,
+    --arrivals and --kinds alone: (when it is created, its index, its kind, its
+    lines), in the order made. So a recorded run's batches can be made again
+    (eta_replay.py --limits-from-seed)."""
     rng = random.Random(args.seed)
+    made = []
+    for i in range(args.batches):
+        size = int(round(10 ** rng.uniform(math.log10(50), math.log10(args.largest))))
+        kind = rng.choice(args.kinds)
+        made.append((rng.uniform(0, args.arrivals), i, kind, lines(rng, size, f"b{i}", kind)))
+    return made
+
+
+def accuracy(work: Path, args, root: Path = ROOT, label: str = "this") -> dict:
     record = args.record and Path(f"{args.record}-{label}-s{args.seed}").resolve()
     fleet = start_fleet(work, args, policy=True, port=args.port + (label != "this") * 10,
                         name=f"accuracy-{label}", root=root, record=record)
     try:
         clients = [Client(fleet.server.base_url, key) for key in fleet.keys]
-        plan = []
-        for i in range(args.batches):
-            size = int(round(10 ** rng.uniform(math.log10(50), math.log10(args.largest))))
-            key, kind = i % len(clients), rng.choice(args.kinds)
-            plan.append((rng.uniform(0, args.arrivals), key, kind,
-                         clients[key].upload(lines(rng, size, f"b{i}", kind))))
-        plan.sort()
+        plan = sorted((at, i % len(clients), kind, clients[i % len(clients)].upload(body))
+                      for at, i, kind, body in workload(args))
         print(f"accuracy ({label}): {args.batches} batches, {args.workers} workers, uploaded",
               flush=True)
         watched: dict[str, Watched] = {}

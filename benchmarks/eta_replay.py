@@ -30,12 +30,21 @@ needs a run.
     .venv/bin/python benchmarks/eta_replay.py /tmp/rec/run-this-s11 --future-rate 120
         # each refresh played at the rate its model's workers went on to do over the
         # next 120 s (an oracle: what a perfect rate estimator could gain at most)
+    .venv/bin/python benchmarks/eta_replay.py benchmarks/results/eta-recordings/vllm-s8 \
+        --limits-from-seed --batches 10 --largest 600 --kinds 8,16,32
+        # the loads recorded with unknown steps (before their model had a history, on
+        # a checkout that left them unknown) given one plus their batch's mean
+        # max_tokens, as estimates.load_of now does: the recordings do not carry the
+        # limits, so each batch's lines are made again from the run's seed (its -sN)
+        # and the workload options it ran with
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
+import json
+import re
 import sys
 from collections import defaultdict
 from collections.abc import Callable
@@ -45,6 +54,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import mark_start, write_results  # noqa: E402
 from eta import (  # noqa: E402
+    KINDS,
     POINTS,
     TERMINAL,
     Watched,
@@ -54,10 +64,11 @@ from eta import (  # noqa: E402
     read_polls,
     run_interval,
     summary,
+    workload,
 )
 
 from batches import eta_record  # noqa: E402
-from batches.eta import moved, span_rate  # noqa: E402
+from batches.eta import moved, request_steps, span_rate  # noqa: E402
 
 Plays = list[tuple[float, dict[str, float]]]  # (refresh, batch -> seconds), oldest first
 TICK = 5.0  # the beat's refresh tick (core.celery.ESTIMATES_SECONDS)
@@ -114,6 +125,33 @@ def future_rates(recorded: list[eta_record.Recorded],
             one = replace(one, one=one.one * later / own, rate=one.rate * later / own)
         out.append(one)
     return out
+
+
+def seed_limits(prefix: str, polled: list[Watched], args) -> dict[str, float]:
+    """Each batch's mean output limit (max_tokens a line), its lines made again from
+    the run's seed (PREFIX's -sN) and the workload options (eta.workload), the batches
+    matched in the order they were created; an error where their sizes differ (other
+    options than the run's)."""
+    seed = int(re.search(r"-s(\d+)$", prefix).group(1))
+    made = sorted(workload(argparse.Namespace(**{**vars(args), "seed": seed})))
+    limits = [[json.loads(line)["body"]["max_tokens"] for line in body.splitlines()]
+              for *_, body in made]
+    batches = sorted(polled, key=lambda batch: batch.created)
+    sizes = [batch.samples[-1][3] if batch.samples else 0 for batch in batches]
+    if sizes != [len(caps) for caps in limits]:
+        sys.exit(f"{prefix}: its batches are not seed {seed}'s with these options")
+    return {batch.id: sum(caps) / len(caps) for batch, caps in zip(batches, limits, strict=True)}
+
+
+def with_limits(recorded: list[eta_record.Recorded],
+                limits: dict[str, float]) -> list[eta_record.Recorded]:
+    """The refreshes with each load of unknown steps given the steps estimates.load_of
+    gives a batch before its model has a history: one plus its mean output limit,
+    its cost at most."""
+    return [replace(one, loads=tuple(
+        replace(load, steps=min(request_steps(0, 0, limit=limits[load.batch_id]), load.cost))
+        if load.steps is None and load.batch_id in limits else load for load in one.loads))
+        for one in recorded]
 
 
 def refreshes(recorded: list[eta_record.Recorded],
@@ -177,6 +215,14 @@ def main() -> None:
                         help="play each refresh at the rate its workers did over the next "
                              "SECONDS (runs recorded with their intervals; an oracle; the "
                              "replayed read, the recorded one stays as played)")
+    parser.add_argument("--limits-from-seed", action="store_true",
+                        help="give the loads of unknown steps their batch's output limits, "
+                             "its lines made again from the run's seed (the replayed read)")
+    parser.add_argument("--batches", type=int, default=14, help="as the runs ran (eta.py)")
+    parser.add_argument("--largest", type=int, default=2000)
+    parser.add_argument("--arrivals", type=float, default=150.0)
+    parser.add_argument("--kinds", type=lambda v: [int(x) for x in v.split(",")],
+                        default=list(KINDS))
     parser.add_argument("--results", default="eta-replay")
     args = parser.parse_args()
     mark_start()
@@ -187,12 +233,14 @@ def main() -> None:
         if args.ticks_only:
             kept = ticks_and_admissions(recorded)
             recorded = [one for one in recorded if one.at in kept]
-        if args.future_rate:
-            recorded = future_rates(recorded, args.future_rate)
         polled = read_polls(recording_file(prefix, ".json"))
         ways["api"] += polled
         ways["recorded"] += reread(polled, refreshes(recorded, lambda one: one.played),
                                    after=args.next)
+        if args.future_rate:
+            recorded = future_rates(recorded, args.future_rate)
+        if args.limits_from_seed:
+            recorded = with_limits(recorded, seed_limits(prefix, polled, args))
         replayed = reread(polled, refreshes(recorded, eta_record.Recorded.replay),
                           after=args.next)
         ways["replayed"] += replayed

@@ -3,9 +3,11 @@ what is written plays again to the ETAs the refresh wrote. Run on PostgreSQL too
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import gzip
 import importlib.util
+import json
 from datetime import timedelta
 from pathlib import Path
 
@@ -189,6 +191,36 @@ def test_the_replay_s_oracle_plays_each_refresh_at_the_rate_its_workers_went_on_
     assert first.replay() == pytest.approx({"a": 2.0})  # twice as fast: half the time
     assert second == recorded[1]  # `beyond` ends 15 s after it
     assert last == recorded[2]  # nothing after it
+
+
+def test_the_replay_gives_unknown_steps_the_limits_of_the_batches_made_again_from_the_seed():
+    """`eta_replay.py --limits-from-seed`: a run's batches are made again from its
+    seed and workload options (eta.workload) and matched to the run's in the order
+    they were created, by size; a load of unknown steps then takes one plus its
+    batch's mean max_tokens (its cost at most), as estimates.load_of now gives it;
+    other options than the run's are refused."""
+    replay = replay_script()
+    options = argparse.Namespace(seed=0, batches=3, largest=80, arrivals=100.0, kinds=[8, 16])
+    made = sorted(replay.workload(argparse.Namespace(**{**vars(options), "seed": 7})))
+    caps = [[json.loads(line)["body"]["max_tokens"] for line in body.splitlines()]
+            for *_, body in made]
+    polled = [replay.Watched(id=f"b{n}", key=0, created=at,
+                             samples=[(at, "completed", len(lines), len(lines), None)])
+              for n, (at, lines) in enumerate(zip([at for at, *_ in made], caps, strict=True))]
+
+    limits = replay.seed_limits("/tmp/rec/run-this-s7", polled[::-1], options)
+
+    assert limits == {f"b{n}": sum(lines) / len(lines) for n, lines in enumerate(caps)}
+    loads = (eta.Load("b0", 100.0, cost=200.0), eta.Load("b1", 100.0, cost=5.0),
+             eta.Load("b2", 100.0, cost=200.0, steps=3.0))
+    recorded = eta_record.Recorded(at=0.0, model="m", one=1.0, rate=1.0, delay=0.0,
+                                   policy=False, loads=loads, state=eta.Dispatch(workers=()),
+                                   played={})
+    steps = [load.steps for load in replay.with_limits([recorded], limits)[0].loads]
+    assert steps == [1 + limits["b0"], 5.0, 3.0]  # its cost at most; a known one stays
+    with pytest.raises(SystemExit, match="not seed 7's"):
+        replay.seed_limits("/tmp/rec/run-this-s7", polled,
+                           argparse.Namespace(**{**vars(options), "largest": 90}))
 
 
 def test_the_replay_s_interval_resamples_whole_runs():
