@@ -258,14 +258,12 @@ class OpenChunks:
 
     def dispatch(self, loads: list[eta.Load], slots: dict[str, int],
                  passes: dict[str, float],
-                 in_flight: dict[str, float] | None = None,
                  tails: dict[str, dict[str, list]] | None = None) -> eta.Dispatch:
         """The play's view of the workers with these `slots`: its cost units from
         `loads`; a running chunk of a worker that is not live for this model first in
-        the window (it is taken again); the cost units each worker's engine did of
-        the requests it runs now (`in_flight`, Held.done: recorded, not played); the
-        steps the longest of a chunk's requests has left where all those left are in
-        its worker's engine (`tails`: Worker.chunk_tails by worker, Held.left_steps)."""
+        the window (it is taken again); the steps the longest of a chunk's requests has
+        left where all those left are in its worker's engine (`tails`:
+        Worker.chunk_tails by worker, Held.left_steps)."""
         cost = {load.batch_id: load.cost for load in loads}
         held: dict[str, list[tuple[str, float]]] = {worker: [] for worker in slots}
         left_steps: dict[str, dict[int, float]] = {worker: {} for worker in slots}
@@ -285,7 +283,6 @@ class OpenChunks:
         threads = {worker: fleet_selectors.chunk_threads(count) for worker, count in slots.items()}
         return eta.Dispatch(
             workers=tuple(eta.Held(threads[worker], tuple(held[worker]), slots[worker],
-                                   (in_flight or {}).get(worker, 0.0),
                                    left_steps.get(worker, {}))
                           for worker in slots),
             queued=tuple(orphans + [(batch_id, left * cost.get(batch_id, 1.0))
@@ -331,20 +328,16 @@ def play(loads: list[eta.Load], chunks: OpenChunks, measured: ModelThroughput,
     fair share with it off), at one worker's measured rate over the model's live
     `workers` and their slots, after a swap when none holds the model; a chunk all
     in its worker's engine ended as its longest request will (WorkerWork.tails,
-    eta.Held.left_steps); what their engines did of the requests they run now (in
-    cost units at the model's prompt weight) recorded with the play, not played
-    (eta.Held.done). A refresh's play, made `at` (Unix
-    seconds), is recorded where BATCHGEN_ETA_RECORD says (batches/eta_record.py)."""
+    eta.Held.left_steps). A refresh's play, made `at` (Unix seconds), is recorded
+    where BATCHGEN_ETA_RECORD says (batches/eta_record.py)."""
     slots = {worker: seen.slots for worker, seen in workers.items()}
     rate = measured.rate
     one = rate / max(len(slots), 1)
     delay = 0.0 if slots else fleet_selectors.swap_seconds_estimate()
     shares = partial(deadlines.deadline_shares, rate=rate) if settings.BATCHGEN_DEADLINE_POLICY \
         else eta.fair_shares
-    in_flight = {worker: seen.output_in_flight + measured.prompt_weight * seen.prompt_in_flight
-                 for worker, seen in workers.items()}
     tails = {worker: seen.tails or {} for worker, seen in workers.items()}
-    state = chunks.dispatch(loads, slots, passes, in_flight, tails)
+    state = chunks.dispatch(loads, slots, passes, tails)
     played = {batch_id: seconds + delay for batch_id, seconds in
               eta.chunk_finish_times(loads, state, one, shares).items()}
     if at is not None and settings.BATCHGEN_ETA_RECORD:

@@ -410,12 +410,6 @@ class Held:
     threads: int
     chunks: tuple[tuple[str, float], ...] = ()
     slots: int = 1
-    # The cost units its engine did already of the requests it runs now, as the
-    # worker says (an engine that tells its steps; none from the others). Recorded
-    # (batches/eta_record.py), not played: counted off, it read the real engine's
-    # running batches early; the play starts the requests in the engine from their
-    # place instead (_Engine.start).
-    done: float = 0.0
     # The steps the longest of a chunk's requests has left, by the chunk's place in
     # `chunks`, where all the requests it has left are in the engine (from an engine
     # that tells each request's tokens: Engine.progress). They end evenly up to

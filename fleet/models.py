@@ -49,10 +49,6 @@ class Worker(models.Model):
     busy_seconds = models.FloatField(default=0.0)
     prompt_tokens_computed = models.BigIntegerField(default=0)
     tokens_computed = models.BigIntegerField(default=0)
-    # ... of which for requests its engine still runs (an engine that tells its
-    # steps): their work done, which the ETA does not count again.
-    prompt_tokens_in_flight = models.BigIntegerField(default=0)
-    tokens_in_flight = models.BigIntegerField(default=0)
     # A prompt token's cost against an output token's, as its engine's own steps tell
     # (an engine that reports each step's work and time: WorkerState.add_work); None
     # until they do. The ETA's prior for a model whose work it has not fitted yet.

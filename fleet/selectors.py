@@ -59,8 +59,6 @@ class WorkerWork(NamedTuple):
     requests: int  # done or failed
     prompt: int  # prompt tokens computed
     output: int  # tokens generated
-    prompt_in_flight: int = 0  # of `prompt`, for requests not answered yet
-    output_in_flight: int = 0  # of `output`, the same
     prompt_weight: float | None = None  # as its engine's steps tell (None: not yet)
     tails: dict[str, list] | None = None  # Worker.chunk_tails
 
@@ -74,7 +72,6 @@ def live_worker_work() -> dict[str, dict[str, WorkerWork]]:
             live_workers().values_list("model", "name", "slots_capacity", "busy_seconds",
                                        "requests_completed", "requests_failed",
                                        "prompt_tokens_computed", "tokens_computed",
-                                       "prompt_tokens_in_flight", "tokens_in_flight",
                                        "engine_prompt_weight", "chunk_tails")):
         found[model][name] = WorkerWork(capacity, busy, done + failed, prompt, output, *now)
     return found

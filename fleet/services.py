@@ -23,13 +23,11 @@ def worker_heartbeat(*, name: str, hostname: str, engine: str, model: str, capac
                      chunk_tails: dict[str, list] | None = None,
                      admission: dict | None = None, max_context_length: int = 0,
                      work: tuple[float, int, int] = (0.0, 0, 0),
-                     in_flight: tuple[int, int] = (0, 0),
                      prompt_weight: float | None = None) -> None:
     """Record a worker's liveness, slots and counters, the chunks it holds, its
     engine's adaptive concurrency and context, and its engines' `work` (seconds busy,
-    prompt tokens computed, tokens generated), what of it belongs to requests still
-    running (`in_flight`: prompt tokens, tokens generated) and the `prompt_weight`
-    its engine's steps tell, and where its engine is in each chunk (`chunk_tails`:
+    prompt tokens computed, tokens generated) and the `prompt_weight` its engine's
+    steps tell, and where its engine is in each chunk (`chunk_tails`:
     Worker.chunk_tails) (its own row only)."""
     Worker.objects.update_or_create(
         name=name,
@@ -42,7 +40,6 @@ def worker_heartbeat(*, name: str, hostname: str, engine: str, model: str, capac
                   "chunk_tails": chunk_tails or {},
                   "max_context_length": max_context_length, "busy_seconds": work[0],
                   "prompt_tokens_computed": work[1], "tokens_computed": work[2],
-                  "prompt_tokens_in_flight": in_flight[0], "tokens_in_flight": in_flight[1],
                   "engine_prompt_weight": prompt_weight,
                   "heartbeat_at": timezone.now(), "stopped_at": None},
     )

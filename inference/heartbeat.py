@@ -47,7 +47,6 @@ class Heartbeat:
             ready=state.ready.is_set() and not state.going_away(),
             completed=state.completed, failed=state.failed_requests, tokens=state.tokens,
             work=(slots.busy_seconds, state.prompt_tokens_computed, state.tokens_computed),
-            in_flight=state.in_flight(idle=slots.active == 0, bound=slots.tokens_active),
             prompt_weight=state.engine_prompt_weight(),
             storage_error=state.storage_error, held_chunks=self.held_chunk_ids(),
             chunk_tails=chunk_tails(self.progress()),

@@ -55,10 +55,6 @@ class WorkerState:
     prompt_tokens_computed: int = 0
     tokens_computed: int = 0
     work_from_engine: bool = False
-    # The same of the answers counted: the difference is what the engine did of the
-    # requests it still runs (in_flight).
-    prompt_tokens_answered: int = 0
-    tokens_answered: int = 0
     # Each step's seconds over its work, from an engine that tells both (add_work).
     step_fit: PromptFit = field(default_factory=PromptFit)
     _stats_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -78,11 +74,8 @@ class WorkerState:
                     self.failed_requests += 1
                 output += result.completion_tokens
             self.tokens += output
-            prompt = max(usage.input_tokens - usage.cached_tokens, 0)
-            self.prompt_tokens_answered += prompt
-            self.tokens_answered += output
             if not self.work_from_engine:
-                self.prompt_tokens_computed += prompt
+                self.prompt_tokens_computed += max(usage.input_tokens - usage.cached_tokens, 0)
                 self.tokens_computed += output
 
     def add_work(self, prompt_tokens: int, output_tokens: int, finished: int = 0,
@@ -109,24 +102,6 @@ class WorkerState:
         the mix of batches takes to vary. None until the steps tell it."""
         with self._stats_lock:
             return self.step_fit.weight()
-
-    def in_flight(self, *, idle: bool, bound: int) -> tuple[int, int]:
-        """The prompt tokens computed and the tokens generated for requests not
-        answered yet: what an engine that tells its steps did of the requests it
-        still runs (none for the others). A request that ended with no answer
-        counted (aborted) would stay in it: the figures start level whenever the
-        engine is `idle`, and the two together are held within `bound` (the tokens
-        the requests in hand may take, inference.slots)."""
-        with self._stats_lock:
-            if idle:
-                self.prompt_tokens_answered = self.prompt_tokens_computed
-                self.tokens_answered = self.tokens_computed
-            prompt = max(self.prompt_tokens_computed - self.prompt_tokens_answered, 0)
-            output = max(self.tokens_computed - self.tokens_answered, 0)
-        if prompt + output > bound:
-            scale = bound / (prompt + output)
-            prompt, output = int(prompt * scale), int(output * scale)
-        return prompt, output
 
     def switch_queue(self) -> None:
         """Consume this worker's queue, or not, as its storage and swap now say."""

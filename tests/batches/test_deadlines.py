@@ -468,13 +468,11 @@ def test_a_chunk_all_in_the_engine_stays_for_the_steps_its_longest_has_left():
 def test_a_chunk_all_in_the_engine_ends_evenly_up_to_its_longest():
     # 64 requests of 10 steps in 64 slots, each with 5 steps left at most
     # (Held.left_steps): four groups of 16 end at 1.25, 2.5, 3.75 and 5 steps, 200
-    # request-steps at a unit each: 200 s, the last with the longest. The worker's
-    # figure for the work its engine did (Held.done) is not played.
+    # request-steps at a unit each: 200 s, the last with the longest.
     loads = [Load("a", 640.0, cost=10.0, steps=10.0)]
-    for done in (0.0, 320.0):
-        held = Held(3, (("a", 640.0),), slots=64, done=done, left_steps={0: 5.0})
-        assert chunk_finish_times(loads, Dispatch(workers=(held,)), 1.0) == \
-            pytest.approx({"a": 200})
+    held = Held(3, (("a", 640.0),), slots=64, left_steps={0: 5.0})
+    assert chunk_finish_times(loads, Dispatch(workers=(held,)), 1.0) == \
+        pytest.approx({"a": 200})
 
 
 @pytest.mark.usefixtures("whole")

@@ -667,21 +667,17 @@ def test_chunks_held_by_a_busy_worker_wait_for_it_while_another_is_idle(running_
 
 def test_the_requests_a_worker_runs_are_spread_by_their_admission(running_batch):
     """A worker's two requests of a unit each (2 a second) are read halfway between
-    half and all of their step left (eta.IN_ENGINE_SPREAD), whatever its engine says
-    it did of them (tokens_in_flight: recorded as Held.done, not played): 0.75 s."""
+    half and all of their step left (eta.IN_ENGINE_SPREAD): 0.75 s."""
     model = served_model().id
     live_workers(1, model)
     batch = running_batch(2, chunk_size=2)
     now = timezone.now()
     measured_at(now, model, rate=2)
     running_on("w0", batch, 0, now - timedelta(seconds=1))
-    etas = []
-    for tokens in (0, 1):
-        Worker.objects.filter(name="w0").update(tokens_in_flight=tokens)
-        estimates.estimates_refresh(now)
-        etas.append(eta_of(batch, now))
 
-    assert etas == pytest.approx([0.75, 0.75])
+    estimates.estimates_refresh(now)
+
+    assert eta_of(batch, now) == pytest.approx(0.75)
 
 
 @pytest.mark.usefixtures("whole")

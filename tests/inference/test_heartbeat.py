@@ -13,7 +13,7 @@ from django.db import OperationalError
 from batches.usage import Usage
 from core import outage
 from fleet.models import Worker
-from inference.worker_state import WorkerState, request_id
+from inference.worker_state import request_id
 from serving.engines.base import EngineResult
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -120,24 +120,6 @@ def test_the_heartbeat_tells_the_work_its_engine_did(runtime_factory):
     row = Worker.objects.get(name=runtime.name)
     assert (row.prompt_tokens_computed, row.tokens_computed) == (130, 12)
     assert (row.requests_completed, row.tokens_generated) == (3, 12)
-    assert (row.prompt_tokens_in_flight, row.tokens_in_flight) == (0, 0)
-
-
-def test_the_work_done_of_requests_still_running_is_told_apart():
-    """What an engine that tells its steps did of the requests it still runs: its
-    figures less the answers' (the ETA counts it off, batches/eta._Stream), level
-    again whenever the engine is idle (an aborted request's work would stay in it),
-    and within the tokens the requests in hand may take."""
-    state = WorkerState(work_from_engine=True)
-    state.add_work(100, 5)
-    assert state.in_flight(idle=False, bound=1000) == (100, 5)
-    state.count(*answered((60, 3, 0)))
-    assert state.in_flight(idle=False, bound=1000) == (40, 2)
-    assert state.in_flight(idle=False, bound=21) == (20, 1)
-    assert state.in_flight(idle=True, bound=1000) == (0, 0)
-    state.add_work(10, 1)
-    assert state.in_flight(idle=False, bound=1000) == (10, 1)
-    assert WorkerState().in_flight(idle=False, bound=1000) == (0, 0)
 
 
 def test_the_engines_steps_tell_a_prompt_tokens_cost(runtime_factory):
