@@ -458,10 +458,10 @@ def load_of(row: tuple, requests: int, measured: ModelThroughput | None,
     answer = eta.left_output(done, row[15] - done, tokens, row[16], row[10])
     cost = eta.request_cost(done, tokens, fallback, row[13] - row[14], prompt_weight,
                             answer=answer)
-    steps = eta.request_steps(done, tokens, prior, answer, limit=row[10])
     return eta.Load(batch_id=batch_id, remaining=requests * cost, priority=priority,
                     owner=owner_id, weight=weight, chunk=settings.BATCHGEN_CHUNK_SIZE * cost,
-                    cost=cost, steps=None if steps is None else min(steps, cost),
+                    cost=cost, steps=eta.request_steps(done, tokens, prior, answer,
+                                                       limit=row[10], cost=cost),
                     time_left=(expires_at - now).total_seconds(), created=row[17].timestamp())
 
 

@@ -207,7 +207,8 @@ def request_cost(done: int, output_tokens: int, fallback: float = 1.0, prompt_to
 
 
 def request_steps(done: int, output_tokens: int, prior: float | None = None,
-                  answer: float | None = None, limit: float | None = None) -> float | None:
+                  answer: float | None = None, limit: float | None = None,
+                  cost: float = math.inf) -> float | None:
     """The steps one request of a batch stays in an engine's slots for (Load.steps):
     one plus the output tokens request_cost counts for it (its answers so far, or
     `answer`, left_output's); before any finished, one plus the answer prior
@@ -216,12 +217,13 @@ def request_steps(done: int, output_tokens: int, prior: float | None = None,
     Unknown steps are played as sharing by cost with no prompt to compute
     (_ChunkPlay), so the requests of the batch behind a model's first one filled
     its freed slots without stalling its last steps, and it read 33-73 % early
-    (docs/benchmarks.md, "A model's first batch")."""
+    (docs/benchmarks.md, "A model's first batch"). No more than the request's `cost`
+    units (Load.cost): a step of a request is a unit of its cost."""
     if done <= 0:
         if prior is not None:
-            return 1.0 + prior
-        return 1.0 + limit if limit else None
-    return 1.0 + (output_tokens / done if answer is None else answer)
+            return min(1.0 + prior, cost)
+        return min(1.0 + limit, cost) if limit else None
+    return min(1.0 + (output_tokens / done if answer is None else answer), cost)
 
 
 def left_output(done: int, left: int, tokens: int, limit_done: int,

@@ -149,7 +149,7 @@ def with_limits(recorded: list[eta_record.Recorded],
     gives a batch before its model has a history: one plus its mean output limit,
     its cost at most."""
     return [replace(one, loads=tuple(
-        replace(load, steps=min(request_steps(0, 0, limit=limits[load.batch_id]), load.cost))
+        replace(load, steps=request_steps(0, 0, limit=limits[load.batch_id], cost=load.cost))
         if load.steps is None and load.batch_id in limits else load for load in one.loads))
         for one in recorded]
 

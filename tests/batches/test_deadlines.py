@@ -420,13 +420,14 @@ def test_a_batch_s_pending_chunks_are_full_but_its_last():
     (0, 0, 31.0, None, 32.0),  # the answer prior before any finished
     (10, 200, 31.0, None, 21.0),  # its answers so far
     (10, 200, 31.0, 30.0, 31.0),  # by the limits left (left_output)
+    (10, 9000, 31.0, None, 100.0),  # no more steps than its cost (100 units)
 ])
 @pytest.mark.parametrize("limit", [None, 64.0])  # the lines' limit only without a prior
 def test_a_request_s_steps_are_one_plus_its_answer(done, tokens, prior, answer, expected,
                                                    limit):
     if limit and expected is None:
         expected = 1.0 + limit  # before the model has a history: the most it can answer
-    assert request_steps(done, tokens, prior, answer, limit=limit) == expected
+    assert request_steps(done, tokens, prior, answer, limit=limit, cost=100.0) == expected
 
 
 def test_the_requests_in_the_engine_are_spread_by_their_admission():
