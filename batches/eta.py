@@ -625,10 +625,9 @@ class _ChunkPlay:
         for worker, held in enumerate(state.workers):
             found = []
             for place, (batch, work) in enumerate(held.chunks):
-                steps = self.steps(batch)
                 found.append((self.claim(worker, batch, work), work / self.cost(batch),
-                              self.cost(batch), steps or self.cost(batch),
-                              held.left_steps.get(place) if steps else None))
+                              self.cost(batch), self.played_steps(batch),
+                              held.left_steps.get(place) if self.steps(batch) else None))
             self.engines[worker].start(found)
             self.engines[worker].admit()
             self.changed(worker)
@@ -638,6 +637,11 @@ class _ChunkPlay:
 
     def steps(self, batch: str) -> float | None:
         return self.loads[batch].steps if batch in self.loads else None
+
+    def played_steps(self, batch: str) -> float:
+        """A request's steps in the engine: its batch's, or, where they are unknown,
+        its whole cost as steps, with no prompt to compute."""
+        return self.steps(batch) or self.cost(batch)
 
     def claim(self, worker: int, batch: str, work: float) -> int:
         self.order += 1
@@ -655,7 +659,7 @@ class _ChunkPlay:
         claimed before."""
         engine, cost = self.engines[worker], self.cost(batch)
         engine.at(self.now)
-        engine.put(self.claim(worker, batch, work), work / cost, cost, self.steps(batch) or cost)
+        engine.put(self.claim(worker, batch, work), work / cost, cost, self.played_steps(batch))
         engine.admit()
         self.changed(worker)
 
