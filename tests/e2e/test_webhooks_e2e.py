@@ -39,10 +39,14 @@ def test_webhooks_survive_a_receiver_outage_and_a_restart_of_every_process(start
     # within a second or two, and an endpoint registered with the openai SDK; the
     # receiver's address allowed as an operator would (webhooks go to public https
     # URLs only by default: anything else of this host stays refused)
+    # 8 slots at 50 ms a request: the 400-line batch cancelled below takes at least
+    # 2.5 s, so the cancel finds it running (with the default slots it completed in a
+    # quarter of a second, before the cancel arrived: a CI run saw it).
     receiver = Receiver(answers=[503, 503])
     server, api = start_server(
         BATCHGEN_WEBHOOK_RETRY_FIRST_SECONDS="0.3", BATCHGEN_WEBHOOK_RETRY_MAX_SECONDS="1",
         BATCHGEN_WEBHOOK_SWEEP_SECONDS="0.5", BATCHGEN_SIM_LATENCY_MS="50",
+        BATCHGEN_MAX_POOL_SIZE="8",
         BATCHGEN_LOG_LEVEL="DEBUG", BATCHGEN_WEBHOOK_ALLOWED_HOSTS="127.0.0.1")
     sdk = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
     for inside in ("http://127.0.0.2:5432/", "https://169.254.169.254/latest/meta-data/"):
