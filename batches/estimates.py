@@ -262,11 +262,17 @@ class OpenChunks:
         """The play's view of the workers with these `slots`: its cost units from
         `loads`; a running chunk of a worker that is not live for this model first in
         the window (it is taken again); the steps the longest of a chunk's requests has
-        left where all those left are in its worker's engine (`tails`:
-        Worker.chunk_tails by worker, Held.left_steps)."""
+        left where all those left are in its worker's engine, and the requests of each
+        chunk there with a token (`tails`: Worker.chunk_tails by worker,
+        Held.left_steps, Held.started)."""
         cost = {load.batch_id: load.cost for load in loads}
         held: dict[str, list[tuple[str, float]]] = {worker: [] for worker in slots}
         left_steps: dict[str, dict[int, float]] = {worker: {} for worker in slots}
+        # A worker tells the requests started where its engine tells their tokens
+        # (a tail of three: one of an older version has two).
+        started: dict[str, dict[int, float] | None] = {
+            worker: {} if (told := (tails or {}).get(worker)) and
+            all(len(tail) > 2 for tail in told.values()) else None for worker in slots}
         orphans = []
         for worker, batch_id, left, index in self.running:
             work = (batch_id, left * cost.get(batch_id, 1.0))
@@ -277,13 +283,15 @@ class OpenChunks:
             if tail and tail[0] >= left > 0 and tail[1] is not None:
                 # Its prefill done or not, one step more than the tokens it may add.
                 left_steps[worker][len(held[worker])] = tail[1] + 1.0
+            if tail and started[worker] is not None:
+                started[worker][len(held[worker])] = float(tail[2])
             held[worker].append(work)
         if not slots:  # no live worker holds the model: one will, after a swap
             slots, held = {"": settings.BATCHGEN_MAX_POOL_SIZE}, {"": []}
         threads = {worker: fleet_selectors.chunk_threads(count) for worker, count in slots.items()}
         return eta.Dispatch(
             workers=tuple(eta.Held(threads[worker], tuple(held[worker]), slots[worker],
-                                   left_steps.get(worker, {}))
+                                   left_steps.get(worker, {}), started.get(worker))
                           for worker in slots),
             queued=tuple(orphans + [(batch_id, left * cost.get(batch_id, 1.0))
                                     for batch_id, left in self.queued]),

@@ -12,7 +12,7 @@ Pure, no database. Two plays of the scheduler (batches/dispatch.py):
   chunk keeps its worker, a small batch's chunk waits for the window and the
   chunks ahead of it, on a worker with many slots a chunk of short answers ends
   before the long ones beside it, and the requests in an engine now have only
-  their steps left, their prompts computed.
+  their steps left, their prompts computed but for those it tells have no token yet.
 - `finish_times` and `fair_finish_times`, the fluid view the deadline policy plans
   with (batches/deadlines.py) and benchmarks/eta_model.py checks it by: stride
   scheduling over many chunks is a fluid split of the model's throughput in
@@ -417,6 +417,13 @@ class Held:
     # that tells each request's tokens: Engine.progress). They end evenly up to
     # those steps, a whole request's at most (_Engine.start).
     left_steps: dict[int, float] = field(default_factory=dict)
+    # The requests of each chunk in the engine that have generated a token, by the
+    # chunk's place in `chunks` (none where a place is missing), from an engine that
+    # tells each request's tokens; None from one that does not. A request in its
+    # slots without a token has its prompt still to compute: admitted since the
+    # engine last told, on its way into the engine, or waiting there for prefill.
+    # Each such request's prompt is played before the steps (_Engine.start).
+    started: dict[int, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -463,7 +470,8 @@ class _Engine:
     over the rate, before the next step. So a short answer behind long ones ends
     before them, however dear its prompt, and a long answer stays while the short
     ones beside it come and go. Requests found in it at the start have computed
-    their prompts: only their steps are left (`start`). Where a request's steps are
+    their prompts, but those its worker tells have no token yet (Held.started):
+    only their steps are left (`start`). Where a request's steps are
     its cost units (an engine that tells none) it is processor sharing.
 
     Requests that are admitted together and alike move together, as one group of a
@@ -533,25 +541,30 @@ class _Engine:
             far = self.admitted > EXACT_TURNS * self.slots
             self.run(order, taken, steps, MERGE_STEPS * steps if far else 0.0)
 
-    def start(self, requests: Sequence[tuple[int, float, float, float, float | None]]) -> None:
+    def start(self, requests: Sequence[tuple[int, float, float, float, float | None,
+                                             float | None]]) -> None:
         """The requests of the chunks held at the start, as (order, count, cost, steps,
-        steps left of the longest where the worker tells them all in the engine) in
-        claim order. The first `slots` are in the engine, their prompts computed: a
-        told chunk's ending evenly up to its longest's steps left (TAIL_GROUPS), the
-        others spread by their admission (IN_ENGINE_SPREAD), four requests a group at
-        most. The rest wait."""
+        steps left of the longest where the worker tells them all in the engine,
+        requests with a token where it tells them: Held.started) in claim order. The
+        first `slots` are in the engine: a told chunk's ending evenly up to its
+        longest's steps left (TAIL_GROUPS), the others spread by their admission
+        (IN_ENGINE_SPREAD), four requests a group at most; their prompts computed,
+        but for those the worker tells have no token yet, whose prompts come before
+        the next step. The rest wait."""
         room, found = float(self.slots), []
-        for order, count, cost, steps, told in requests:
+        for order, count, cost, steps, told, started in requests:
             if count <= 1e-9:  # its requests all ended: it closes now
                 self.run(order, 0.0, 0.0)
                 continue
+            taken = count if told is not None else min(count, max(room, 0.0))
+            if started is not None:
+                self.prompts += max(taken - started, 0.0) * max(cost - steps, 0.0)
             if told is not None:
                 groups = max(1, min(TAIL_GROUPS, round(count)))
                 for part in range(groups):
                     self.run(order, count / groups, min(told, steps) * (part + 1) / groups)
                 room -= count
                 continue
-            taken = min(count, max(room, 0.0))
             room -= taken
             if taken > 1e-9:
                 found.append((order, taken, steps))
@@ -627,7 +640,8 @@ class _ChunkPlay:
             for place, (batch, work) in enumerate(held.chunks):
                 found.append((self.claim(worker, batch, work), work / self.cost(batch),
                               self.cost(batch), self.played_steps(batch),
-                              held.left_steps.get(place) if self.steps(batch) else None))
+                              held.left_steps.get(place) if self.steps(batch) else None,
+                              None if held.started is None else held.started.get(place, 0.0)))
             self.engines[worker].start(found)
             self.engines[worker].admit()
             self.changed(worker)

@@ -90,6 +90,8 @@ def _parse(row: dict) -> Recorded:
     workers = tuple(eta.Held(**_known(eta.Held, held | {
         "chunks": tuple(tuple(chunk) for chunk in held.get("chunks", ())),
         "left_steps": {int(place): steps for place, steps in held.get("left_steps", {}).items()},
+        "started": None if held.get("started") is None else
+        {int(place): count for place, count in held["started"].items()},
     })) for held in state["workers"])
     dispatch = eta.Dispatch(**_known(eta.Dispatch, state | {
         "workers": workers,

@@ -55,8 +55,10 @@ class Worker(models.Model):
     engine_prompt_weight = models.FloatField(null=True, blank=True)
     # The requests of each chunk it runs that are in its engine now, as of its
     # heartbeat, from an engine that tells each request's tokens (Engine.progress):
-    # {"<batch_id>-<index>": [requests, most tokens one may still generate, or null]}.
-    # The ETA starts such a chunk where its longest request is (eta.Held.left_steps).
+    # {"<batch_id>-<index>": [requests, most tokens one may still generate, or null,
+    # requests that have generated a token]}. The ETA starts such a chunk where its
+    # longest request is (eta.Held.left_steps), and charges the prompts of the
+    # requests in its slots that have no token yet (eta.Held.started).
     chunk_tails = models.JSONField(default=dict, blank=True)
 
     class Meta:

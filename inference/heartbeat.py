@@ -122,11 +122,13 @@ class Heartbeat:
 def chunk_tails(progress: dict[str, tuple[int, int | None]]) -> dict[str, list]:
     """Each chunk's requests in the engine (Engine.progress) as the ETA reads them
     (Worker.chunk_tails): {"<batch_id>-<index>": [requests, most tokens one of
-    them may still generate (None: one has no limit)]}."""
+    them may still generate (None: one has no limit), requests that have generated
+    a token (their prompts computed)]}."""
     tails: dict[str, list] = {}
     for ours, (generated, limit) in progress.items():
         left = None if limit is None else max(limit - generated, 0)
-        tail = tails.setdefault(chunk_key(ours), [0, 0])
+        tail = tails.setdefault(chunk_key(ours), [0, 0, 0])
         tail[0] += 1
         tail[1] = None if left is None or tail[1] is None else max(tail[1], left)
+        tail[2] += generated > 0
     return tails

@@ -476,6 +476,33 @@ def test_a_chunk_all_in_the_engine_ends_evenly_up_to_its_longest():
         pytest.approx({"a": 200})
 
 
+def test_the_prompts_of_requests_in_the_engine_without_a_token_come_first():
+    """Held.started: the worker tells which requests in its slots have generated a
+    token. Those without one have their prompts still to compute (admitted since
+    its engine last told, on their way in, or waiting for prefill), and the engine
+    computes those prompts as well as the steps. 64 requests of 10 steps in 64
+    slots, with 5 steps left at most, take 200 s (the test above); each costs 15
+    units, 5 of them its prompt."""
+    loads = [Load("a", 960.0, cost=15.0, steps=10.0)]
+
+    def played(started, left_steps=None):
+        held = Held(3, (("a", 960.0),), slots=64, left_steps=left_steps or {},
+                    started=started)
+        return chunk_finish_times(loads, Dispatch(workers=(held,)), 1.0)["a"]
+
+    told = {0: 5.0}
+    # All 64 started, or an engine that tells nothing: the steps alone.
+    assert played(None, told) == pytest.approx(200)
+    assert played({0: 64.0}, told) == pytest.approx(200)
+    # 16 without a token: their 16 x 5 units of prompt first.
+    assert played({0: 48.0}, told) == pytest.approx(280)
+    # Not told, the requests spread by their admission: still 80 units more, and
+    # 320 where none has a token (the chunk missing from what the worker told).
+    spread = played(None)
+    assert played({0: 48.0}) == pytest.approx(spread + 80)
+    assert played({}) == pytest.approx(spread + 320)
+
+
 @pytest.mark.usefixtures("whole")
 def test_a_held_chunk_with_nothing_left_closes_now():
     # Its requests all ended, not yet flushed: it closes at once, and the worker's

@@ -709,6 +709,27 @@ def test_a_chunk_whose_requests_are_all_in_the_engine_ends_when_its_longest_has(
     assert etas == pytest.approx([10, 10, 10, 2.25, 7.5])
 
 
+def test_the_play_hears_which_requests_in_an_engine_have_a_token():
+    """OpenChunks.dispatch reads each worker's chunk tails into Held.started, by
+    the chunk's place in its claim order: the requests of a chunk in the engine that
+    have generated a token, none where its chunk is missing from a worker that
+    tells. None from a worker whose engine tells nothing (no tails), or from one of
+    an older version (tails of two)."""
+    from batches.eta import Load
+
+    open_chunks = estimates.OpenChunks(
+        left={"a": 8, "b": 4}, running=[("w0", "a", 4, 0), ("w0", "b", 4, 0),
+                                        ("w1", "a", 4, 1), ("w2", "a", 0, 2)])
+    loads = [Load("a", 16.0, cost=2.0), Load("b", 4.0)]
+    tails = {"w0": {"a-0": [4, 7, 3]}, "w1": {}, "w2": {"a-2": [1, 3]}}
+    state = open_chunks.dispatch(loads, {"w0": 8, "w1": 8, "w2": 8}, {}, tails)
+
+    assert [held.chunks for held in state.workers] == [
+        (("a", 8.0), ("b", 4.0)), (("a", 8.0),), (("a", 0.0),)]
+    assert [held.started for held in state.workers] == [{0: 3.0}, None, None]
+    assert state.workers[0].left_steps == {0: 8.0}
+
+
 def observed():
     """A fresh Progress, `at(seconds, **workers)` showing it each worker's (model,
     busy seconds, requests, prompt tokens computed, tokens generated) that many

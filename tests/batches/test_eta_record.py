@@ -47,7 +47,7 @@ def test_a_refresh_s_play_is_recorded_and_plays_again_to_the_etas_it_wrote(
            output_tokens=2 * 99)
     running_on("w0", first, 1, now)
     running_on("w1", second, 0, now - timedelta(seconds=2))
-    Worker.objects.filter(name="w0").update(chunk_tails={f"{first.id}-1": [2, 29]})
+    Worker.objects.filter(name="w0").update(chunk_tails={f"{first.id}-1": [2, 29, 2]})
 
     estimates.estimates_refresh(now)
     written = {batch.id: eta_of(batch, now) for batch in (first, second, waiting)}
@@ -63,6 +63,8 @@ def test_a_refresh_s_play_is_recorded_and_plays_again_to_the_etas_it_wrote(
     held = {held.chunks[0][0]: held for held in one.state.workers}
     assert held[first.id].left_steps == {0: 30.0}  # the tails told, read back as ints
     assert held[second.id].left_steps == {}
+    assert held[first.id].started == {0: 2.0}  # both of its requests have a token
+    assert held[second.id].started is None  # w1's engine tells nothing
     assert one.state.pending == {waiting.id: (4, 8)}
     assert {load.batch_id for load in one.loads} == {first.id, second.id, waiting.id}
     assert one.prompt_weight == 0.0 and one.spans == ()  # nothing measured before it

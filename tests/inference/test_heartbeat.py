@@ -45,18 +45,22 @@ def test_the_heartbeat_names_claimed_and_prefetched_chunks(runtime_factory):
 def test_the_heartbeat_tells_where_its_engine_is_in_each_chunk(runtime_factory, monkeypatch):
     """Worker.chunk_tails, from what the engine tells of each request in it
     (Engine.progress, vLLM's: tests/inference/test_vllm_engine.py): per chunk, its
-    requests in the engine and the most tokens one may still generate, None when
-    one has no limit; empty from an engine that tells nothing (the simulated one)."""
+    requests in the engine, the most tokens one may still generate, None when one
+    has no limit, and those that have generated a token (a request without one has
+    its prompt still to compute); empty from an engine that tells nothing (the
+    simulated one)."""
     runtime = runtime_factory()
     runtime.heartbeat.beat_once()
     assert Worker.objects.get(name=runtime.name).chunk_tails == {}
 
     told = {request_id("batch_x", 3, 0, 1): (5, 24), request_id("batch_x", 3, 7, 1): (20, 32),
-            request_id("batch_x", 4, 0, 0): (2, None), request_id("batch_y", 3, 2, 0): (9, 8)}
+            request_id("batch_x", 3, 9, 1): (0, 16), request_id("batch_x", 4, 0, 0): (2, None),
+            request_id("batch_y", 3, 2, 0): (9, 8), request_id("batch_y", 5, 0, 0): (0, 12)}
     monkeypatch.setattr(runtime.engines.engine, "progress", lambda: told)
     runtime.heartbeat.beat_once()
     assert Worker.objects.get(name=runtime.name).chunk_tails == {
-        "batch_x-3": [2, 19], "batch_x-4": [1, None], "batch_y-3": [1, 0]}
+        "batch_x-3": [3, 19, 2], "batch_x-4": [1, None, 1], "batch_y-3": [1, 0, 1],
+        "batch_y-5": [1, 12, 0]}
 
 
 def test_an_engine_that_cannot_tell_its_requests_costs_the_heartbeat_nothing(
