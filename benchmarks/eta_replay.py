@@ -30,6 +30,11 @@ needs a run.
     .venv/bin/python benchmarks/eta_replay.py /tmp/rec/run-this-s11 --future-rate 120
         # each refresh played at the rate its model's workers went on to do over the
         # next 120 s (an oracle: what a perfect rate estimator could gain at most)
+    .venv/bin/python benchmarks/eta_replay.py /tmp/rec/run-this-s8 --without-started
+        # the requests in the engines all played with their prompts computed, as
+        # before the workers told which have a token (Held.started): side by side
+    .venv/bin/python benchmarks/eta_replay.py benchmarks/results/eta-recordings/oos-s16 \
+        --unstarted 10    # a run recorded before they told it, with a stand-in
     .venv/bin/python benchmarks/eta_replay.py benchmarks/results/eta-recordings/vllm-s8 \
         --limits-from-seed --batches 10 --largest 600 --kinds 8,16,32
         # the loads recorded with unknown steps (before their model had a history, on
@@ -154,6 +159,45 @@ def with_limits(recorded: list[eta_record.Recorded],
         for one in recorded]
 
 
+def without_started(recorded: list[eta_record.Recorded]) -> list[eta_record.Recorded]:
+    """The refreshes with what the workers told of the requests in their engines
+    that have a token left out (Held.started None): played as the code before it,
+    every request in the slots with its prompt computed."""
+    return [replace(one, state=replace(one.state, workers=tuple(
+        replace(held, started=None) for held in one.state.workers))) for one in recorded]
+
+
+def with_unstarted(recorded: list[eta_record.Recorded],
+                   count: float) -> list[eta_record.Recorded]:
+    """The refreshes recorded before the workers told which requests in their
+    engines have a token (Held.started None), each worker's last `count` requests
+    in its slots taken to have none, as the play places them: a stand-in for what
+    the workers now tell, to read the older recordings with it (on the real engine
+    they tell 9-11 at a median). A refresh that has it keeps it."""
+    loads_of = [{load.batch_id: load for load in one.loads} for one in recorded]
+    out = []
+    for one, loads in zip(recorded, loads_of, strict=True):
+        workers = []
+        for held in one.state.workers:
+            if held.started is not None:
+                workers.append(held)
+                continue
+            room, inside = float(held.slots), []
+            for place, (batch, work) in enumerate(held.chunks):
+                cost = loads[batch].cost if batch in loads else 1.0
+                told = place in held.left_steps and batch in loads and loads[batch].steps
+                taken = work / cost if told else min(work / cost, max(room, 0.0))
+                room -= work / cost if told else taken
+                inside.append(taken)
+            started, left = {}, count
+            for place in reversed(range(len(inside))):
+                fresh = min(left, inside[place])
+                started[place], left = inside[place] - fresh, left - fresh
+            workers.append(replace(held, started=started))
+        out.append(replace(one, state=replace(one.state, workers=tuple(workers))))
+    return out
+
+
 def refreshes(recorded: list[eta_record.Recorded],
               play: Callable[[eta_record.Recorded], dict[str, float]]) -> Plays:
     """Each refresh's ETAs (Unix seconds) as `play` makes them of its models' plays,
@@ -201,7 +245,7 @@ def recording_file(prefix: str, suffix: str) -> Path:
     return path if path.exists() else Path(f"{path}.gz")
 
 
-def main() -> None:
+def options() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="PREFIX of PREFIX.jsonl and PREFIX.json "
                                                 "(eta.py --record)")
@@ -218,13 +262,25 @@ def main() -> None:
     parser.add_argument("--limits-from-seed", action="store_true",
                         help="give the loads of unknown steps their batch's output limits, "
                              "its lines made again from the run's seed (the replayed read)")
+    parser.add_argument("--without-started", action="store_true",
+                        help="leave out which requests in the engines had a token (the "
+                             "replayed read): every request in the slots played with its "
+                             "prompt computed, as before the workers told it")
+    parser.add_argument("--unstarted", type=float, metavar="N",
+                        help="a run recorded before the workers told which requests in "
+                             "their engines have a token: each worker's last N requests "
+                             "in its slots taken to have none (the replayed read)")
     parser.add_argument("--batches", type=int, default=14, help="as the runs ran (eta.py)")
     parser.add_argument("--largest", type=int, default=2000)
     parser.add_argument("--arrivals", type=float, default=150.0)
     parser.add_argument("--kinds", type=lambda v: [int(x) for x in v.split(",")],
                         default=list(KINDS))
     parser.add_argument("--results", default="eta-replay")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = options()
     mark_start()
     ways: dict[str, list[Watched]] = {"api": [], "recorded": [], "replayed": []}
     per_run: dict[str, list[list[float]]] = {point: [] for point in POINTS}
@@ -241,6 +297,10 @@ def main() -> None:
             recorded = future_rates(recorded, args.future_rate)
         if args.limits_from_seed:
             recorded = with_limits(recorded, seed_limits(prefix, polled, args))
+        if args.without_started:
+            recorded = without_started(recorded)
+        elif args.unstarted is not None:
+            recorded = with_unstarted(recorded, args.unstarted)
         replayed = reread(polled, refreshes(recorded, eta_record.Recorded.replay),
                           after=args.next)
         ways["replayed"] += replayed

@@ -224,6 +224,45 @@ def test_the_replay_gives_unknown_steps_the_limits_of_the_batches_made_again_fro
                            argparse.Namespace(**{**vars(options), "largest": 90}))
 
 
+def test_the_replay_plays_a_run_again_without_the_requests_started():
+    """`eta_replay.py --without-started`: the workers' word on which requests in
+    their engines have a token left out, so a run recorded with it is played as
+    the code before it played every request in the slots, side by side. 4 requests
+    in the engine (2 steps and a prompt of 2 units each), 1 with a token: the
+    prompts of the other 3 (6 units) come first, or not at all without it."""
+    held = eta.Held(threads=1, chunks=(("a", 16.0),), slots=4, left_steps={0: 2.0},
+                    started={0: 1.0})
+    recorded = eta_record.Recorded(
+        at=0.0, model="m", one=1.0, rate=1.0, delay=0.0, policy=False,
+        loads=(eta.Load("a", 16.0, cost=4.0, steps=2.0),),
+        state=eta.Dispatch(workers=(held,)), played={})
+
+    before, = replay_script().without_started([recorded])
+
+    assert before.state.workers[0].started is None
+    assert before.state.workers[0].left_steps == {0: 2.0}  # the rest as recorded
+    assert recorded.replay()["a"] == pytest.approx(before.replay()["a"] + 6.0)
+
+
+def test_the_replay_stands_in_for_the_requests_started_in_older_recordings():
+    """`eta_replay.py --unstarted N`: a refresh recorded before the workers told
+    which requests in their engines have a token gets each worker's last N requests
+    in its slots, as the play places them (claim order, the slots filled), without
+    one; a worker that told it keeps its word. 4 slots: chunk a's 3 requests
+    (2 units each) and 1 of b's 2 (4 units each) are in; the last 2 of those
+    have no token."""
+    loads = (eta.Load("a", 6.0, cost=2.0, steps=1.0), eta.Load("b", 8.0, cost=4.0, steps=1.0))
+    older = eta.Held(threads=2, chunks=(("a", 6.0), ("b", 8.0)), slots=4)
+    told = eta.Held(threads=1, chunks=(("a", 6.0),), slots=4, started={0: 3.0})
+    recorded = eta_record.Recorded(at=0.0, model="m", one=1.0, rate=2.0, delay=0.0,
+                                   policy=False, loads=loads,
+                                   state=eta.Dispatch(workers=(older, told)), played={})
+
+    stood, = replay_script().with_unstarted([recorded], 2.0)
+
+    assert [held.started for held in stood.state.workers] == [{0: 2.0, 1: 0.0}, {0: 3.0}]
+
+
 def test_the_replay_s_interval_resamples_whole_runs():
     """A pooled median's interval by runs: a run of one reading counts as a run, so
     its reading is the pooled median whenever it is drawn twice (a quarter of the
